@@ -1,0 +1,60 @@
+"""The reference system's bug knobs: ordinary, documented options that restore a known unsafe behaviour.
+
+They exist so that a test can prove the harness catches the bug; all are off (safe) by default.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+# key -> (safe default, what turning it to the unsafe value does)
+KNOBS: dict[str, tuple[Any, str]] = {
+    "bookie.ack_before_fsync": (
+        False, "bookie acknowledges an add once the journal write is issued, before fsync "
+               "(BookKeeper's journalSyncData=false): power loss can lose acknowledged entries"),
+    "broker.recovery_fencing": (
+        True, "when false, a broker taking over a topic closes the previous owner's ledger in "
+              "metadata without fencing it on the bookies, so the old owner can keep getting "
+              "adds acknowledged that nobody will ever read"),
+}
+
+
+class UnknownBugKnob(ValueError):
+    pass
+
+
+def parse_value(raw: str) -> Any:
+    low = raw.strip().lower()
+    if low in ("true", "yes", "on", "1"):
+        return True
+    if low in ("false", "no", "off", "0"):
+        return False
+    try:
+        return int(raw)
+    except ValueError:
+        pass
+    try:
+        return float(raw)
+    except ValueError:
+        return raw
+
+
+def parse(items: list[str] | None) -> dict[str, Any]:
+    """Parse `KEY[=VALUE]` strings (a bare key means true) into a validated knob map."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if key not in KNOBS:
+            known = ", ".join(sorted(KNOBS))
+            raise UnknownBugKnob(f"unknown bug knob {key!r}; known knobs: {known}")
+        out[key] = parse_value(raw) if sep else True
+    return out
+
+
+def value(bugs: dict[str, Any] | None, key: str) -> Any:
+    """The knob's value in this configuration, its safe default if unset."""
+    if key not in KNOBS:
+        raise UnknownBugKnob(key)
+    if bugs and key in bugs:
+        return bugs[key]
+    return KNOBS[key][0]

@@ -1,0 +1,88 @@
+"""Node configurations of the reference system, as written to each node's config.json.
+
+One dataclass per role; `clusters.node` reads the file and hands the dataclass to the role's `serve()`.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class NodeConfig:
+    name: str
+    role: str
+    host: str                      # address the node binds and advertises
+    zk: str                        # ZooKeeper connect string, "h1:2181,h2:2181"
+    data_dir: str
+    bugs: dict[str, Any] = field(default_factory=dict)
+    zk_session_timeout: float = 6.0
+
+
+@dataclass
+class BookieConfig(NodeConfig):
+    role: str = "bookie"
+    port: int = 3181
+    journal_sync_data: bool = True          # BookKeeper's journalSyncData: fsync before ack
+    journal_max_group_wait_ms: float = 2.0  # group commit window (journalMaxGroupWaitMSec)
+    journal_max_group_bytes: int = 512 * 1024
+    flush_interval_ms: int = 1000           # checkpoint: write cache -> entry log + index
+    write_cache_mb: int = 64
+    read_cache_mb: int = 64
+
+    @property
+    def bookie_id(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass
+class BrokerConfig(NodeConfig):
+    role: str = "broker"
+    port: int = 6650
+    http_port: int = 8080
+    cluster: str = "standalone"
+    ensemble: int = 3
+    write_quorum: int = 2
+    ack_quorum: int = 2
+    bundles: int = 4                        # bundles per namespace (hash ranges of topic names)
+    max_entries_per_ledger: int = 50000
+    max_ledger_size_mb: int = 256
+    max_ledger_age_s: float = 4 * 3600.0
+    add_timeout_s: float = 5.0              # BookKeeper addEntryTimeout
+    max_message_size: int = 5 * 1024 * 1024
+
+    @property
+    def service_url(self) -> str:
+        return f"pulsar://{self.host}:{self.port}"
+
+    @property
+    def web_url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+
+ROLES = {"bookie": BookieConfig, "broker": BrokerConfig}
+
+
+def to_json(cfg: NodeConfig) -> str:
+    return json.dumps(asdict(cfg), indent=2, sort_keys=True)
+
+
+def write(cfg: NodeConfig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(to_json(cfg))
+    return path
+
+
+def load(path: Path | str) -> NodeConfig:
+    raw = json.loads(Path(path).read_text())
+    role = raw.get("role")
+    cls = ROLES.get(role)
+    if cls is None:
+        raise ValueError(f"{path}: unknown role {role!r}; expected one of {sorted(ROLES)}")
+    known = {f.name for f in fields(cls)}
+    unknown = set(raw) - known
+    if unknown:
+        raise ValueError(f"{path}: unknown settings {sorted(unknown)} for role {role}")
+    return cls(**raw)
