@@ -14,7 +14,7 @@ import sys
 from clusters import config as node_config
 
 # role -> module whose `async def serve(cfg, stop: asyncio.Event)` runs the node
-SERVERS = {"bookie": "clusters.bookie.server", "broker": "clusters.broker.server"}
+SERVERS = {"bookie": "clusters.bookie.server", "broker": "clusters.broker.service"}
 
 
 async def _main(cfg: node_config.NodeConfig) -> None:

@@ -29,8 +29,12 @@ __all__ = ["MetadataStore", "BadVersion", "NoNode", "NodeExists", "NotEmpty", "D
 class MetadataStore:
     """A kazoo session whose calls are awaitable on the caller's event loop."""
 
-    def __init__(self, hosts: str, session_timeout: float = 10.0, name: str = ""):
+    def __init__(self, hosts: str, session_timeout: float = 10.0, name: str = "",
+                 op_timeout: float | None = None):
         self.hosts = hosts
+        # A call on a disconnected session waits for a reconnect; bound it so callers can answer
+        # their own clients (a lookup, a topic load) instead of hanging with ZooKeeper.
+        self.op_timeout = op_timeout if op_timeout is not None else session_timeout
         self.name = name
         self._zk = KazooClient(hosts=hosts, timeout=session_timeout,
                                connection_retry=KazooRetry(max_tries=-1, max_delay=1.0),
@@ -94,7 +98,10 @@ class MetadataStore:
             method(*args, **kw).rawlink(done)
         except Exception as e:  # e.g. SessionExpired raised synchronously
             raise e
-        return await fut
+        try:
+            return await asyncio.wait_for(fut, self.op_timeout)
+        except asyncio.TimeoutError:
+            raise ConnectionLoss(f"no answer from ZooKeeper within {self.op_timeout}s") from None
 
     async def get(self, path: str) -> tuple[bytes, int]:
         """(data, version); raises NoNode."""
