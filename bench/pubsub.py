@@ -1,0 +1,159 @@
+"""Producer/consumer benchmark through the official pulsar-client against a reference cluster.
+
+Starts a cluster in network namespaces (E/Qw/Qa 3/2/2 by default), then measures: batched and
+unbatched publish throughput (messages/s, acknowledged), end-to-end consume throughput, and publish
+latency percentiles at a fixed rate. Prints a table and writes JSON with --json.
+
+    .venv/bin/python bench/pubsub.py [--messages 200000] [--unbatched 20000] [--rate 500] [--seconds 20]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+import uuid
+
+import pulsar
+
+from clusters.deploy.netns import ClusterSpec, NetnsCluster
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    k = min(len(xs) - 1, max(0, int(round(p / 100 * (len(xs) - 1)))))
+    return xs[k]
+
+
+def publish_throughput(client, topic: str, n: int, batched: bool, size: int) -> dict:
+    producer = client.create_producer(
+        topic, batching_enabled=batched, batching_max_messages=1000, batching_max_publish_delay_ms=5,
+        max_pending_messages=5000, block_if_queue_full=True, send_timeout_millis=60000)
+    payload = b"x" * size
+    done = threading.Event()
+    state = {"ok": 0, "err": 0, "n": 0}
+    lock = threading.Lock()
+
+    def cb(res, _mid):
+        with lock:
+            state["n"] += 1
+            state["ok" if res == pulsar.Result.Ok else "err"] += 1
+            if state["n"] == n:
+                done.set()
+
+    t0 = time.perf_counter()
+    for _ in range(n):
+        producer.send_async(payload, cb)
+    producer.flush()
+    done.wait(300)
+    dt = time.perf_counter() - t0
+    producer.close()
+    return {"messages": n, "acked": state["ok"], "errors": state["err"], "seconds": round(dt, 3),
+            "msg_per_s": round(state["ok"] / dt)}
+
+
+def consume_throughput(client, topic: str, n: int) -> dict:
+    consumer = client.subscribe(topic, f"bench-{uuid.uuid4().hex[:4]}",
+                                initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=5000)
+    got = 0
+    t0 = time.perf_counter()
+    while got < n:
+        try:
+            msg = consumer.receive(timeout_millis=10000)
+        except pulsar.Timeout:
+            break
+        consumer.acknowledge(msg)
+        got += 1
+    dt = time.perf_counter() - t0
+    consumer.close()
+    return {"messages": got, "seconds": round(dt, 3), "msg_per_s": round(got / dt) if dt else 0}
+
+
+def latency_at_rate(client, topic: str, rate: int, seconds: float, size: int) -> dict:
+    producer = client.create_producer(topic, batching_enabled=False, send_timeout_millis=30000)
+    payload = b"x" * size
+    lat: list[float] = []
+    lock = threading.Lock()
+    total = int(rate * seconds)
+    remaining = threading.Semaphore(0)
+
+    def make_cb(t_send: float):
+        def cb(res, _mid):
+            if res == pulsar.Result.Ok:
+                with lock:
+                    lat.append((time.perf_counter() - t_send) * 1000)
+            remaining.release()
+        return cb
+
+    t0 = time.perf_counter()
+    for i in range(total):
+        target = t0 + i / rate
+        now = time.perf_counter()
+        if target > now:
+            time.sleep(target - now)
+        producer.send_async(payload, make_cb(time.perf_counter()))
+    for _ in range(total):
+        remaining.acquire(timeout=60)
+    producer.close()
+    return {"rate": rate, "messages": total, "acked": len(lat),
+            "p50_ms": round(pct(lat, 50), 2), "p99_ms": round(pct(lat, 99), 2),
+            "max_ms": round(max(lat), 2) if lat else None,
+            "mean_ms": round(statistics.fmean(lat), 2) if lat else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--messages", type=int, default=200_000, help="batched messages")
+    ap.add_argument("--unbatched", type=int, default=20_000, help="unbatched messages")
+    ap.add_argument("--size", type=int, default=100, help="payload bytes")
+    ap.add_argument("--rate", type=int, default=500, help="msg/s for the latency run")
+    ap.add_argument("--seconds", type=float, default=20, help="length of the latency run")
+    ap.add_argument("--ensemble", type=int, default=3)
+    ap.add_argument("--write-quorum", type=int, default=2)
+    ap.add_argument("--ack-quorum", type=int, default=2)
+    ap.add_argument("--json", help="write the figures to this file")
+    args = ap.parse_args(argv)
+
+    spec = ClusterSpec(name=f"bn{uuid.uuid4().hex[:4]}", brokers=2, bookies=3, zookeepers=1,
+                       ensemble=args.ensemble, write_quorum=args.write_quorum, ack_quorum=args.ack_quorum)
+    cluster = NetnsCluster(spec)
+    results: dict = {"ensemble": args.ensemble, "write_quorum": args.write_quorum,
+                     "ack_quorum": args.ack_quorum, "payload_bytes": args.size}
+    try:
+        cluster.up()
+        client = pulsar.Client(cluster.service_url, operation_timeout_seconds=60,
+                               logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+        try:
+            t_b = f"persistent://public/default/bench-b-{uuid.uuid4().hex[:6]}"
+            t_u = f"persistent://public/default/bench-u-{uuid.uuid4().hex[:6]}"
+            t_l = f"persistent://public/default/bench-l-{uuid.uuid4().hex[:6]}"
+            # warm up: topic load, ledger creation, connections
+            publish_throughput(client, t_b, 1000, True, args.size)
+            publish_throughput(client, t_u, 200, False, args.size)
+            results["batched"] = publish_throughput(client, t_b, args.messages, True, args.size)
+            results["consume_batched"] = consume_throughput(client, t_b, args.messages + 1000)
+            results["unbatched"] = publish_throughput(client, t_u, args.unbatched, False, args.size)
+            results["latency"] = latency_at_rate(client, t_l, args.rate, args.seconds, args.size)
+        finally:
+            client.close()
+    finally:
+        cluster.down()
+
+    b, u, l, c = results["batched"], results["unbatched"], results["latency"], results["consume_batched"]
+    print(f"E/Qw/Qa {args.ensemble}/{args.write_quorum}/{args.ack_quorum}, {args.size}-byte messages")
+    print(f"  batched publish    {b['msg_per_s']:>8} msg/s  ({b['acked']}/{b['messages']} acked in {b['seconds']} s)")
+    print(f"  consume (batched)  {c['msg_per_s']:>8} msg/s  ({c['messages']} received)")
+    print(f"  unbatched publish  {u['msg_per_s']:>8} msg/s  ({u['acked']}/{u['messages']} acked in {u['seconds']} s)")
+    print(f"  latency at {l['rate']} msg/s: p50 {l['p50_ms']} ms, p99 {l['p99_ms']} ms, max {l['max_ms']} ms")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
