@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 
-@dataclass
+@dataclass(kw_only=True)
 class NodeConfig:
     name: str
     role: str
@@ -21,7 +21,7 @@ class NodeConfig:
     zk_session_timeout: float = 6.0
 
 
-@dataclass
+@dataclass(kw_only=True)
 class BookieConfig(NodeConfig):
     role: str = "bookie"
     port: int = 3181
@@ -37,7 +37,7 @@ class BookieConfig(NodeConfig):
         return f"{self.host}:{self.port}"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class BrokerConfig(NodeConfig):
     role: str = "broker"
     port: int = 6650

@@ -1,0 +1,63 @@
+"""Bundle hashing and lookups against a real ZooKeeper (no brokers needed)."""
+import asyncio
+import collections
+
+import pytest
+
+from clusters.broker.ownership import FULL_RANGE, Ownership, bundle_of, topic_namespace
+from clusters.config import BrokerConfig
+from clusters.metadata.store import MetadataStore
+
+
+def test_bundles_cover_the_hash_range_and_spread_topics():
+    counts = collections.Counter(bundle_of(f"persistent://public/default/t{i}", 4) for i in range(4000))
+    assert len(counts) == 4
+    bounds = sorted((b.lower, b.upper) for b in counts)
+    assert bounds[0][0] == 0 and bounds[-1][1] == FULL_RANGE
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    assert min(counts.values()) > 700            # crc32 spreads names roughly evenly
+    assert bundle_of("persistent://public/default/x", 4) == bundle_of("persistent://public/default/x", 4)
+
+
+def test_topic_names_are_validated():
+    assert topic_namespace("persistent://public/default/a/b") == ("public/default", "a/b")
+    with pytest.raises(ValueError):
+        topic_namespace("persistent://public")
+
+
+def test_one_owner_per_bundle_and_redirects(zk):
+    async def scenario():
+        stores = [await MetadataStore(zk, name=f"b{i}").start() for i in range(2)]
+        cfgs = [BrokerConfig(name=f"broker-{i}", host=f"127.0.0.{i + 1}", zk=zk, data_dir="/tmp") for i in range(2)]
+        owners = [Ownership(s, c) for s, c in zip(stores, cfgs)]
+        try:
+            for o in owners:
+                await o.start()
+            topic = "persistent://public/default/topic-a"
+            # Both brokers race to own the bundle authoritatively: exactly one wins, both agree.
+            r = await asyncio.gather(*(o.lookup(topic, authoritative=True) for o in owners))
+            assert r[0].kind == r[1].kind == "connect"
+            assert r[0].url == r[1].url
+            assert sum(o.owns(topic) for o in owners) == 1
+            # A non-authoritative lookup of an unowned bundle is redirected to the least-loaded broker.
+            other = next(f"persistent://public/default/t{i}" for i in range(100)
+                         if owners[0].bundle(f"persistent://public/default/t{i}") != owners[0].bundle(topic))
+            res = await owners[0].lookup(other, authoritative=False)
+            winner = next(o for o in owners if o.owns(topic))
+            loser = next(o for o in owners if o is not winner)
+            if owners[0] is winner:
+                assert res.kind == "redirect" and res.url == f"pulsar://{loser.me}" and res.authoritative
+            else:
+                assert res.kind == "connect" and owners[0].owns(other)
+        finally:
+            for s in stores:
+                await s.close()
+        # Sessions closed: ownership znodes are gone, a new broker can take the bundles.
+        s = await MetadataStore(zk).start()
+        try:
+            o = Ownership(s, BrokerConfig(name="broker-9", host="127.0.0.9", zk=zk, data_dir="/tmp"))
+            await o.start()
+            assert (await o.lookup(topic, authoritative=True)).url == "pulsar://127.0.0.9:6650"
+        finally:
+            await s.close()
+    asyncio.run(scenario())
