@@ -1,0 +1,789 @@
+"""The network-namespace backend: one namespace per node on a private bridge, faults by signal and iptables.
+
+Every pid, namespace, link and host rule is recorded in <base_dir>/state.json before or as it is
+created, so `down()` from any process, or `cleanup_all()` after a killed run, can remove it all.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from clusters import config as node_config
+from clusters import zookeeper
+from clusters.deploy import health as health_checks
+from clusters.deploy import hostnet, procs
+from clusters.deploy.backend import HOST, Cluster, ClusterError, Grudge, Node, grudge_edges
+from clusters.deploy.spec import ROOT, ClusterSpec
+
+STATE_VERSION = 1
+CHAIN = "PCHAOS"                       # iptables chain inside each node namespace, jumped from INPUT and OUTPUT
+# last octet of each role's first address (host .1); ClusterSpec caps the counts so blocks never overlap
+ADDRESS_BASE = {"zookeeper": 10, "bookie": 20, "broker": 60, "client": 100}
+VETH_CODE = {"zookeeper": "z", "bookie": "k", "broker": "b", "client": "c"}
+ROLE_STOP_ORDER = (("broker", "client"), ("bookie",), ("zookeeper",))
+PORTS = {
+    "zookeeper": {"client": zookeeper.CLIENT_PORT, "peer": zookeeper.PEER_PORT,
+                  "election": zookeeper.ELECTION_PORT},
+    "bookie": {"bookie": 3181},
+    "broker": {"pulsar": 6650, "http": 8080},
+    "client": {},
+}
+
+Command = Callable[[Node], list[str]]
+
+
+def short_id(name: str) -> str:
+    """<= 6 chars of [a-z0-9] naming a cluster's links and namespaces (pc-<id>-...)."""
+    alnum = re.sub(r"[^a-z0-9]", "", name.lower())
+    if len(name) <= 6 and name == alnum:
+        return name
+    return alnum[:3] + hashlib.sha1(name.encode()).hexdigest()[:3]
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise ClusterError("network namespaces and iptables need root",
+                           "run as root, e.g. `sudo pulsar-chaos ...`")
+
+
+def require_tools() -> None:
+    for tool, pkg in (("ip", "iproute2"), ("iptables", "iptables"), ("iptables-restore", "iptables")):
+        if not hostnet.have(tool):
+            raise ClusterError(f"{tool} not found", f"apt-get install {pkg}")
+
+
+@contextlib.contextmanager
+def _flock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2))   # insertion order: nodes in start order
+    os.replace(tmp, path)
+
+
+def _read_state(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError as ex:
+        raise ClusterError(f"{path} is corrupt: {ex}",
+                           "run `pulsar-chaos cluster down --force` to clean up by name prefix") from None
+
+
+def _last_line(path: Path | None, limit: int = 200) -> str:
+    """The last non-empty line of a log (usually the error that ended the process)."""
+    try:
+        with open(path, "rb") as f:  # type: ignore[arg-type]
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    except (OSError, TypeError):
+        return ""
+    return lines[-1][:limit] if lines else ""
+
+
+def _default_command(node: Node) -> list[str]:
+    return [sys.executable, "-m", "clusters.node", str(node.config)]
+
+
+class NetnsCluster(Cluster):
+    """A cluster whose nodes are network namespaces on a bridge `pc-<id>-br` of the host."""
+
+    def __init__(self, spec: ClusterSpec, *, commands: dict[str, Command] | None = None,
+                 health: dict[str, health_checks.HealthCheck] | None = None,
+                 start_timeout: float = 60.0, stop_timeout: float = 10.0):
+        self.spec = spec.validate()
+        self.name = spec.name
+        self.id = short_id(spec.name)
+        self.base_dir = Path(spec.base_dir)
+        self.state_path = self.base_dir / "state.json"
+        self.commands: dict[str, Command] = {"bookie": _default_command, "broker": _default_command,
+                                             **(commands or {})}
+        self.health = {**health_checks.DEFAULT, **(health or {})}
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self._txn_depth = 0
+        self._txn_state: dict[str, Any] | None = None
+        self._lock = threading.RLock()
+        self._atexit_registered = False
+        self._claimed = False
+
+    # ---------------------------------------------------------------- naming and attaching
+    @classmethod
+    def attach(cls, name: str, root: Path = ROOT, **kw: Any) -> "NetnsCluster":
+        """A handle on an existing cluster (started by this or another process) from its state.json."""
+        state = _read_state(Path(root) / name / "state.json")
+        if state is None:
+            raise ClusterError(f"cluster {name!r} is not up",
+                               f"start it with `pulsar-chaos cluster up --name {name}`"
+                               if name != "default" else "start it with `pulsar-chaos cluster up`")
+        spec = ClusterSpec.from_json(state["spec"])
+        return cls(spec, **kw)
+
+    @property
+    def bridge(self) -> str:
+        return f"{hostnet.PREFIX}{self.id}-br"
+
+    def _namespace(self, node_name: str) -> str:
+        return f"{hostnet.PREFIX}{self.id}-{node_name}"
+
+    def _veth(self, role: str, index: int) -> str:
+        name = f"{hostnet.PREFIX}{self.id}-{VETH_CODE[role]}{index}"
+        assert len(name) <= 15, name
+        return name
+
+    # ---------------------------------------------------------------- state
+    @contextlib.contextmanager
+    def _txn(self) -> Iterator[dict[str, Any]]:
+        """Read-modify-write state.json under a file lock (re-entrant within this object)."""
+        with self._lock:
+            if self._txn_depth:
+                self._txn_depth += 1
+                try:
+                    yield self._txn_state  # type: ignore[misc]
+                finally:
+                    self._txn_depth -= 1
+                return
+            with _flock(self.base_dir / ".state.lock"):
+                state = _read_state(self.state_path)
+                if state is None:
+                    raise ClusterError(f"cluster {self.name!r} is not up", "start it with `pulsar-chaos cluster up`")
+                self._txn_depth, self._txn_state = 1, state
+                try:
+                    yield state
+                finally:
+                    self._txn_depth, self._txn_state = 0, None
+                    _write_json_atomic(self.state_path, state)
+
+    def _state(self) -> dict[str, Any]:
+        state = _read_state(self.state_path)
+        if state is None:
+            raise ClusterError(f"cluster {self.name!r} is not up", "start it with `pulsar-chaos cluster up`"
+                               + ("" if self.name == "default" else f" --name {self.name}"))
+        return state
+
+    def _plan(self, subnet: str) -> dict[str, Any]:
+        net = subnet.rsplit(".", 1)[0]
+        nodes: dict[str, Any] = {}
+        for name, role, index in self.spec.layout():
+            node_dir = self.base_dir / "nodes" / name
+            nodes[name] = {
+                "name": name, "role": role, "index": index,
+                "host": f"{net}.{ADDRESS_BASE[role] + index}",
+                "namespace": self._namespace(name), "veth": self._veth(role, index), "netns_ino": None,
+                "ports": dict(PORTS[role]),
+                "dir": str(node_dir), "log": str(node_dir / "node.log"), "data_dir": str(node_dir / "data"),
+                "config": None, "argv": None, "pid": None, "pid_start": None, "started_at": None,
+            }
+        return {
+            "version": STATE_VERSION, "name": self.name, "id": self.id, "status": "starting",
+            "created_at": _now(), "owner_pid": os.getpid(), "owner_start": procs.start_time(os.getpid()),
+            "detached": False, "base_dir": str(self.base_dir), "spec": self.spec.to_json(),
+            "subnet": subnet, "host_address": f"{net}.1",
+            "bridge": {"name": self.bridge, "address": f"{net}.1/24"},
+            "host_rules": [], "nodes": nodes, "clients": [], "drops": [], "flaky": [],
+        }
+
+    # ---------------------------------------------------------------- inventory
+    def _node_of(self, n: dict[str, Any]) -> Node:
+        st = procs.state(n["pid"], n["pid_start"]) if n["pid"] else "dead"
+        return Node(name=n["name"], role=n["role"], host=n["host"], pid=n["pid"], ports=dict(n["ports"]),
+                    log=Path(n["log"]), data_dir=Path(n["data_dir"]),
+                    config=Path(n["config"]) if n["config"] else None, namespace=n["namespace"],
+                    alive=st != "dead", paused=st == "paused")
+
+    def nodes(self, role: str | None = None) -> list[Node]:
+        state = self._state()
+        return [self._node_of(n) for n in state["nodes"].values() if role is None or n["role"] == role]
+
+    def _entry(self, state: dict[str, Any], name: str) -> dict[str, Any]:
+        if name not in state["nodes"]:
+            raise ClusterError(f"no node named {name!r}", "use one of: " + ", ".join(state["nodes"]))
+        return state["nodes"][name]
+
+    def _addresses(self, role: str, port_name: str) -> list[str]:
+        state = self._state()
+        return [f"{n['host']}:{n['ports'][port_name]}" for n in state["nodes"].values() if n["role"] == role]
+
+    @property
+    def service_url(self) -> str:
+        addrs = self._addresses("broker", "pulsar")
+        return "pulsar://" + ",".join(addrs) if addrs else ""
+
+    @property
+    def admin_urls(self) -> list[str]:
+        return [f"http://{a}" for a in self._addresses("broker", "http")]
+
+    @property
+    def zk_connect(self) -> str:
+        return ",".join(self._addresses("zookeeper", "client"))
+
+    @property
+    def host_address(self) -> str:
+        """The harness host's address on the cluster bridge (what nodes see clients on the host as)."""
+        return self._state()["host_address"]
+
+    def status(self) -> dict[str, Any]:
+        state = _read_state(self.state_path)
+        if state is None:
+            return {"name": self.name, "status": "absent", "base_dir": str(self.base_dir)}
+        nodes = []
+        for n in state["nodes"].values():
+            node = self._node_of(n)
+            d = node.to_json()
+            d["state"] = "paused" if node.paused else "running" if node.alive else (
+                "never started" if n["role"] != "client" and not n["pid"] else "dead")
+            if n["role"] == "client":
+                d["state"] = "no process"
+            nodes.append(d)
+        brokers = [n for n in state["nodes"].values() if n["role"] == "broker"]
+        return {
+            "name": state["name"], "id": state["id"], "status": state["status"], "backend": "netns",
+            "base_dir": state["base_dir"], "state_file": str(self.state_path),
+            "service_url": "pulsar://" + ",".join(f"{n['host']}:{n['ports']['pulsar']}" for n in brokers)
+            if brokers else "",
+            "admin_urls": [f"http://{n['host']}:{n['ports']['http']}" for n in brokers],
+            "zk_connect": ",".join(f"{n['host']}:{n['ports']['client']}" for n in state["nodes"].values()
+                                   if n["role"] == "zookeeper"),
+            "subnet": state["subnet"], "host_address": state["host_address"], "bridge": state["bridge"]["name"],
+            "spec": state["spec"], "nodes": nodes,
+            "partitions": state["drops"], "flaky": state["flaky"],
+            "clients": [{**c, "alive": procs.alive(c["pid"], c["pid_start"])} for c in state["clients"]],
+        }
+
+    # ---------------------------------------------------------------- lifecycle
+    def up(self) -> "NetnsCluster":
+        require_root()
+        require_tools()
+        try:
+            zookeeper.classpath()
+            zookeeper.java_binary()
+        except zookeeper.ZooKeeperMissing as ex:
+            raise ClusterError(str(ex)) from None
+        self._claimed = False
+        try:
+            self._create()
+            self._start_all()
+            with self._txn() as state:
+                state["status"] = "up"
+                state["up_at"] = _now()
+        except BaseException:
+            if self._claimed:         # never tear down a cluster this call did not create
+                self.down()
+            raise
+        return self
+
+    def detach(self) -> None:
+        """Leave the cluster running after this process exits (the CLI's `cluster up`)."""
+        if self._atexit_registered:
+            atexit.unregister(self._atexit_down)
+            self._atexit_registered = False
+        with self._txn() as state:
+            state["detached"] = True
+
+    def _atexit_down(self) -> None:
+        try:
+            self.down()
+        except Exception as ex:  # pragma: no cover - best effort at interpreter exit
+            print(f"pulsar-chaos: cleanup of cluster {self.name!r} failed: {ex}", file=sys.stderr)
+
+    def _create(self) -> None:
+        """Claim the name, pick a subnet, create the bridge, host rules and one namespace per node."""
+        with _flock(ROOT / ".alloc.lock"):
+            old = _read_state(self.state_path)
+            if old is not None:
+                if old.get("status") != "down" and _present(old):
+                    raise ClusterError(f"cluster {self.name!r} is already up (base dir {self.base_dir})",
+                                       "take it down with `pulsar-chaos cluster down"
+                                       + ("" if self.name == "default" else f" --name {self.name}")
+                                       + "`, or choose another --name")
+                _teardown(old, force=True)
+            others = [s for s in _all_states() if s["name"] != self.name]
+            for s in others:
+                if s.get("id") == self.id and s.get("status") != "down" and _present(s):
+                    raise ClusterError(f"cluster {s['name']!r} uses the same short id {self.id!r}",
+                                       "choose another --name")
+            # leftovers of a killed run of this very name (no state, or a state we just tore down)
+            _sweep(ids={self.id})
+            if self.base_dir.exists() and not self.base_dir.is_symlink():
+                # a fresh cluster: the previous run of this name leaves its logs only until now
+                shutil.rmtree(self.base_dir / "nodes", ignore_errors=True)
+            self.base_dir.mkdir(parents=True, exist_ok=True)
+            default_home = ROOT / self.name
+            if self.base_dir.resolve() != default_home.resolve():
+                # keep every state.json findable from ROOT for cleanup_all()
+                if default_home.is_symlink() or not default_home.exists():
+                    default_home.unlink(missing_ok=True)
+                    default_home.symlink_to(self.base_dir.resolve())
+            reserved = [s["subnet"] for s in others if s.get("status") != "down" and s.get("subnet")]
+            if self.spec.subnet:
+                if not hostnet.subnet_free(self.spec.subnet, reserved):
+                    raise ClusterError(f"subnet {self.spec.subnet} is already routed on this host",
+                                       "omit --subnet to pick a free one")
+                subnet = self.spec.subnet
+            else:
+                subnet = hostnet.pick_subnet(reserved)
+            state = self._plan(subnet)
+            _write_json_atomic(self.state_path, state)
+            self._claimed = True
+            if not self._atexit_registered:
+                atexit.register(self._atexit_down)
+                self._atexit_registered = True
+            br = state["bridge"]
+            hostnet.run(["ip", "link", "add", "name", br["name"], "type", "bridge"])
+            hostnet.run(["ip", "addr", "add", br["address"], "dev", br["name"]])
+            hostnet.run(["ip", "link", "set", br["name"], "up"])
+        # From here the route exists, so no other cluster can pick this subnet: release the alloc lock.
+        b = state["bridge"]["name"]
+        # With br_netfilter on, bridged packets traverse the host's FORWARD chain (Docker sets it to
+        # DROP): accept node<->node traffic, forward nothing between the bridge and any other
+        # interface, and let nodes reach the host. Inserted at the top, so the accept goes last.
+        for chain, args in (("FORWARD", ["-o", b, "-j", "DROP"]), ("FORWARD", ["-i", b, "-j", "DROP"]),
+                            ("FORWARD", ["-i", b, "-o", b, "-j", "ACCEPT"]),
+                            ("INPUT", ["-i", b, "-j", "ACCEPT"])):
+            rule = hostnet.host_rule(chain, args, self.id)
+            with self._txn() as st:
+                st["host_rules"].append(rule)
+            hostnet.add_host_rule(rule)
+        for name in state["nodes"]:
+            self._create_host(name)
+
+    def _create_host(self, name: str) -> None:
+        with self._txn() as state:
+            n = state["nodes"][name]
+            bridge = state["bridge"]["name"]
+        ns, veth = n["namespace"], n["veth"]
+        run = hostnet.run
+        run(["ip", "netns", "add", ns])
+        with self._txn() as state:
+            state["nodes"][name]["netns_ino"] = procs.netns_inode(ns)
+        run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns])
+        run(["ip", "link", "set", veth, "master", bridge, "up"])
+        run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        run(["ip", "-n", ns, "addr", "add", f"{n['host']}/24", "dev", "eth0"])
+        run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+        # no default route: a node can reach its peers and the host's bridge address, nothing else
+        run(["ip", "netns", "exec", ns, "iptables-restore"], input=(
+            "*filter\n"
+            f":{CHAIN} - [0:0]\n"
+            f"-A INPUT -j {CHAIN}\n"
+            f"-A OUTPUT -j {CHAIN}\n"
+            "COMMIT\n"))
+        Path(n["data_dir"]).mkdir(parents=True, exist_ok=True)
+
+    def _start_all(self) -> None:
+        state = self._state()
+        zks = [n for n in state["nodes"].values() if n["role"] == "zookeeper"]
+        ensemble = tuple((n["index"], n["host"]) for n in zks) if len(zks) > 1 else ()
+        zk_connect = ",".join(f"{n['host']}:{n['ports']['client']}" for n in zks)
+        spec = self.spec
+        for role in ("zookeeper", "bookie", "broker"):
+            names = [n["name"] for n in state["nodes"].values() if n["role"] == role]
+            for name in names:
+                n = state["nodes"][name]
+                if role == "zookeeper":
+                    zkn = zookeeper.ZooKeeperNode(myid=n["index"], host=n["host"], data_dir=Path(n["data_dir"]),
+                                                  client_port=n["ports"]["client"], ensemble=ensemble)
+                    argv = zkn.command()           # writes zoo.cfg (and myid) into the data dir
+                    config = str(Path(n["data_dir"]) / "zoo.cfg")
+                else:
+                    config = str(Path(n["dir"]) / "config.json")
+                    common = dict(name=name, host=n["host"], zk=zk_connect, data_dir=n["data_dir"],
+                                  bugs=dict(spec.bugs))
+                    if role == "bookie":
+                        cfg: node_config.NodeConfig = node_config.BookieConfig(port=n["ports"]["bookie"], **common)
+                    else:
+                        cfg = node_config.BrokerConfig(port=n["ports"]["pulsar"], http_port=n["ports"]["http"],
+                                                       ensemble=spec.ensemble, write_quorum=spec.write_quorum,
+                                                       ack_quorum=spec.ack_quorum, **common)
+                    node_config.write(cfg, Path(config))
+                    n["config"] = config
+                    argv = self.commands[role](self._node_of(n))
+                with self._txn() as st:
+                    st["nodes"][name]["config"] = config
+                    st["nodes"][name]["argv"] = argv
+                self._spawn(name)
+            self._wait_healthy(names)
+
+    def _spawn(self, name: str) -> None:
+        with self._txn() as state:
+            n = state["nodes"][name]
+            if not n["argv"]:
+                raise ClusterError(f"{name} runs no process ({n['role']})")
+            log_path = Path(n["log"])
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path, "ab") as log:
+                log.write(f"=== pulsar-chaos {_now()}: starting {name} in {n['namespace']}\n".encode())
+                log.flush()
+                env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+                proc = subprocess.Popen(["ip", "netns", "exec", n["namespace"], *n["argv"]],
+                                        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        cwd=n["dir"], env=env, start_new_session=True)
+            procs.adopt(proc)
+            n["pid"], n["pid_start"], n["started_at"] = proc.pid, procs.start_time(proc.pid), _now()
+
+    def _wait_healthy(self, names: Iterable[str], timeout: float | None = None) -> None:
+        pending = list(names)
+        deadline = time.monotonic() + (timeout or self.start_timeout)
+        while pending:
+            state = self._state()
+            for name in list(pending):
+                node = self._node_of(state["nodes"][name])
+                if not node.alive:
+                    code = procs.exit_code(node.pid)
+                    last = _last_line(node.log)
+                    raise ClusterError(f"{name} exited" + (f" with code {code}" if code is not None else "")
+                                       + " while starting" + (f": {last}" if last else ""),
+                                       f"read its log: {node.log}")
+                if self.health[node.role](node):
+                    pending.remove(name)
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                logs = ", ".join(state["nodes"][n]["log"] for n in pending)
+                raise ClusterError(f"{', '.join(pending)} not healthy within {timeout or self.start_timeout:.0f}s",
+                                   f"read {logs}")
+            time.sleep(0.2)
+
+    def down(self) -> None:
+        """Stop every process, delete namespaces, links and host rules. Idempotent; logs and data stay."""
+        if self._atexit_registered:
+            atexit.unregister(self._atexit_down)
+            self._atexit_registered = False
+        if not self.state_path.exists():
+            return
+        with self._lock:
+            try:
+                with _flock(self.base_dir / ".state.lock"):
+                    state = _read_state(self.state_path)
+                    if state is None:
+                        return
+                    _teardown(state, force=False, stop_timeout=self.stop_timeout)
+                    _write_json_atomic(self.state_path, state)
+            except FileNotFoundError:
+                return
+
+    @classmethod
+    def cleanup_all(cls, force: bool = True, names: Iterable[str] | None = None,
+                    root: Path = ROOT) -> dict[str, Any]:
+        """Remove leftovers of killed runs: clusters from every state.json under root (or only `names`)
+        and any namespace, link or host rule carrying our prefix (or those clusters' ids).
+
+        force=False spares clusters that look alive (up and detached, or their owner still runs).
+        Kills only recorded pids that still run inside our namespaces. Returns what it removed."""
+        require_root()
+        wanted = set(names) if names is not None else None
+        report: dict[str, Any] = {"clusters": [], "namespaces": [], "links": [], "host_rules": 0,
+                                  "left_running": {}}
+        spared: set[str] = set()
+        ids: set[str] = set()
+        for state_path in sorted(Path(root).glob("*/state.json")):
+            try:
+                state = _read_state(state_path)
+            except ClusterError:
+                continue
+            if not state or (wanted is not None and state.get("name") not in wanted):
+                continue
+            ids.add(state["id"])
+            if not force and _looks_alive(state):
+                spared.add(state["id"])
+                continue
+            with _flock(state_path.parent / ".state.lock"):
+                if state.get("status") != "down" or _present(state):
+                    report["clusters"].append(state["name"])
+                    left = _teardown(state, force=True)
+                    report["left_running"].update(left)
+                    _write_json_atomic(state_path, state)
+        if wanted is not None:
+            ids |= {short_id(n) for n in wanted}
+            swept = _sweep(ids=ids)
+        else:
+            swept = _sweep(ids=None, spare=spared)
+        for k in ("namespaces", "links"):
+            report[k].extend(swept[k])
+        report["host_rules"] += swept["host_rules"]
+        report["left_running"].update(swept["left_running"])
+        return report
+
+    # ---------------------------------------------------------------- process faults
+    def start(self, name: str, wait: bool = True, timeout: float | None = None) -> Node:
+        with self._txn() as state:
+            n = self._entry(state, name)
+            if n["role"] == "client":
+                raise ClusterError(f"{name} is a client host; it runs no node process", "use run_client()")
+            if procs.alive(n["pid"], n["pid_start"]):
+                raise ClusterError(f"{name} is already running (pid {n['pid']})",
+                                   f"stop or kill it first, or resume it if paused")
+            if not procs.netns_inode(n["namespace"]):
+                raise ClusterError(f"cluster {self.name!r} is not up (no namespace {n['namespace']})",
+                                   "start it with `pulsar-chaos cluster up`")
+            self._spawn(name)
+        if wait:
+            self._wait_healthy([name], timeout)
+        return self.node(name)
+
+    def _process(self, name: str) -> tuple[int, int | None]:
+        n = self._entry(self._state(), name)
+        if n["role"] == "client":
+            raise ClusterError(f"{name} is a client host; it runs no node process")
+        if not procs.alive(n["pid"], n["pid_start"]):
+            raise ClusterError(f"{name} is not running", f"start it with `pulsar-chaos cluster start {name}`")
+        return n["pid"], n["pid_start"]
+
+    def stop(self, name: str, timeout: float | None = None) -> None:
+        procs.terminate([self._process(name)], timeout if timeout is not None else self.stop_timeout)
+
+    def kill(self, name: str) -> None:
+        pid, started = self._process(name)
+        procs.signal_group(pid, signal.SIGKILL, started)
+        procs.wait_dead([(pid, started)], 5.0)
+
+    def pause(self, name: str) -> None:
+        pid, started = self._process(name)
+        procs.signal_group(pid, signal.SIGSTOP, started)
+        procs.wait_state(pid, started, ("paused", "dead"), 2.0)   # signal delivery is asynchronous
+
+    def resume(self, name: str) -> None:
+        pid, started = self._process(name)
+        procs.signal_group(pid, signal.SIGCONT, started)
+        procs.wait_state(pid, started, ("running", "dead"), 2.0)
+
+    # ---------------------------------------------------------------- network faults
+    def _resolve_edges(self, state: dict[str, Any], edges: set[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Validate names and move `host` to the right: (host, b) becomes (b, host) (drops are symmetric)."""
+        known = set(state["nodes"]) | {HOST}
+        out = []
+        for a, b in edges:
+            for x in (a, b):
+                if x not in known:
+                    raise ClusterError(f"unknown node {x!r} in partition",
+                                       "use node names from `pulsar-chaos cluster status` (or 'host')")
+            if a == HOST:
+                a, b = b, a
+            if a == HOST:
+                continue
+            out.append((a, b))
+        return out
+
+    def _address(self, state: dict[str, Any], name: str) -> str:
+        return state["host_address"] if name == HOST else state["nodes"][name]["host"]
+
+    def _apply_rules(self, state: dict[str, Any], rules: dict[str, list[str]]) -> None:
+        for name, lines in rules.items():
+            if not lines:
+                continue
+            ns = state["nodes"][name]["namespace"]
+            hostnet.run(["ip", "netns", "exec", ns, "iptables-restore", "--noflush", "-w", "5"],
+                        input="*filter\n" + "".join(line + "\n" for line in lines) + "COMMIT\n")
+
+    def partition(self, grudge: Grudge) -> None:
+        with self._txn() as state:
+            edges = self._resolve_edges(state, grudge_edges(grudge))
+            applied = {tuple(e) for e in state["drops"]}
+            new = sorted(set(edges) - applied)
+            rules: dict[str, list[str]] = {}
+            for a, b in new:
+                ip = self._address(state, b)
+                rules.setdefault(a, []).extend([f"-A {CHAIN} -s {ip}/32 -j DROP",
+                                                f"-A {CHAIN} -d {ip}/32 -j DROP"])
+            self._apply_rules(state, rules)
+            state["drops"] = sorted([list(e) for e in applied | set(new)])
+
+    def flaky(self, src: str, dst: str, p: float) -> None:
+        if not 0.0 < p <= 1.0:
+            raise ClusterError(f"drop probability {p} out of range", "use 0 < p <= 1")
+        with self._txn() as state:
+            (a, b), = self._resolve_edges(state, {(src, dst)}) or [(None, None)]
+            if a is None:
+                raise ClusterError("flaky needs two different nodes")
+            ip = self._address(state, b)
+            stat = f"-m statistic --mode random --probability {p:.6f}"
+            self._apply_rules(state, {a: [f"-A {CHAIN} -s {ip}/32 {stat} -j DROP",
+                                          f"-A {CHAIN} -d {ip}/32 {stat} -j DROP"]})
+            state["flaky"].append([a, b, p])
+
+    def heal(self) -> None:
+        with self._txn() as state:
+            present = set(hostnet.netns_list())
+            for n in state["nodes"].values():
+                if n["namespace"] in present:
+                    hostnet.run(["ip", "netns", "exec", n["namespace"], "iptables", "-w", "5", "-F", CHAIN])
+            state["drops"], state["flaky"] = [], []
+
+    # ---------------------------------------------------------------- clients
+    def run_client(self, argv: list[str], node: str | None = None, **popen_kw: Any) -> subprocess.Popen:
+        """Run argv in a client host's namespace (client-1 unless `node` names another), in its own
+        session; stdout/stderr go to that host's node.log unless popen_kw says otherwise."""
+        with self._txn() as state:
+            if node is None:
+                clients = [n for n in state["nodes"].values() if n["role"] == "client"]
+                if not clients:
+                    raise ClusterError("this cluster has no client host", "create it with clients >= 1")
+                n = clients[0]
+            else:
+                n = self._entry(state, node)
+            popen_kw.setdefault("start_new_session", True)
+            popen_kw.setdefault("stdin", subprocess.DEVNULL)
+            log = None
+            if "stdout" not in popen_kw:       # by default a client's output goes to its host's log
+                Path(n["log"]).parent.mkdir(parents=True, exist_ok=True)
+                log = popen_kw["stdout"] = open(n["log"], "ab")
+                popen_kw.setdefault("stderr", subprocess.STDOUT)
+            try:
+                proc = subprocess.Popen(["ip", "netns", "exec", n["namespace"], *argv], **popen_kw)
+            finally:
+                if log is not None:
+                    log.close()
+            procs.adopt(proc)
+            state["clients"] = [c for c in state["clients"] if procs.alive(c["pid"], c["pid_start"])]
+            state["clients"].append({"node": n["name"], "pid": proc.pid, "pid_start": procs.start_time(proc.pid),
+                                     "argv": list(argv), "namespace": n["namespace"],
+                                     "netns_ino": n["netns_ino"]})
+        return proc
+
+
+# -------------------------------------------------------------------- teardown, shared by down and cleanup
+
+def _all_states(root: Path = ROOT) -> list[dict[str, Any]]:
+    out = []
+    for p in sorted(Path(root).glob("*/state.json")):
+        try:
+            s = _read_state(p)
+        except ClusterError:
+            continue
+        if s:
+            out.append(s)
+    return out
+
+
+def _present(state: dict[str, Any]) -> bool:
+    """Does anything of this cluster still exist on the host?"""
+    if hostnet.link_exists(state["bridge"]["name"]):
+        return True
+    spaces = set(hostnet.netns_list())
+    for n in state["nodes"].values():
+        if n["namespace"] in spaces or (n["pid"] and procs.alive(n["pid"], n["pid_start"])):
+            return True
+    return False
+
+
+def _looks_alive(state: dict[str, Any]) -> bool:
+    if state.get("status") == "down":
+        return False
+    if state.get("detached") and state.get("status") == "up":
+        return _present(state)
+    return procs.alive(state.get("owner_pid"), state.get("owner_start"))
+
+
+def _ours(pid: int, started: int | None, namespace: str, ino: int | None) -> bool:
+    """A recorded pid we may signal: same process (start time) and inside that node's namespace."""
+    if not procs.alive(pid, started):
+        return False
+    if procs.in_netns(pid, namespace):
+        return True
+    try:
+        return ino is not None and os.stat(f"/proc/{pid}/ns/net").st_ino == ino
+    except OSError:
+        return False
+
+
+def _teardown(state: dict[str, Any], force: bool, stop_timeout: float = 10.0) -> dict[str, list[int]]:
+    """Stop the recorded processes, delete links, namespaces, bridge and host rules; mark the state down.
+
+    Returns processes left running in our namespaces that we did not start (namespace -> pids)."""
+    state["status"] = "stopping"
+    nodes = state["nodes"]
+    for roles in ROLE_STOP_ORDER:
+        targets = []
+        for n in nodes.values():
+            if n["role"] in roles and n["pid"] and _ours(n["pid"], n["pid_start"], n["namespace"], n["netns_ino"]):
+                targets.append((n["pid"], n["pid_start"]))
+        if "client" in roles:
+            targets += [(c["pid"], c["pid_start"]) for c in state.get("clients", [])
+                        if _ours(c["pid"], c["pid_start"], c["namespace"], c.get("netns_ino"))]
+        if targets:
+            procs.terminate(targets, 3.0 if force else stop_timeout)
+    left: dict[str, list[int]] = {}
+    spaces = set(hostnet.netns_list())
+    links = set(hostnet.link_names())
+    for n in nodes.values():
+        if n["veth"] in links:
+            hostnet.run(["ip", "link", "del", n["veth"]], check=False)
+        if n["namespace"] in spaces:
+            stray = procs.netns_pids(n["namespace"])
+            if stray:
+                left[n["namespace"]] = stray
+            hostnet.run(["ip", "netns", "del", n["namespace"]], check=False)
+    if state["bridge"]["name"] in links:
+        hostnet.run(["ip", "link", "del", state["bridge"]["name"]], check=False)
+    for rule in state.get("host_rules", []):
+        hostnet.delete_host_rule(rule)
+    for rule in hostnet.tagged_host_rules(state["id"]):
+        hostnet.delete_host_rule(rule)
+    state["status"] = "down"
+    state["down_at"] = _now()
+    state["drops"], state["flaky"] = [], []
+    if left:
+        state["left_running"] = left
+    return left
+
+
+def _sweep(ids: set[str] | None, spare: set[str] = frozenset()) -> dict[str, Any]:
+    """Delete namespaces, links and host rules carrying our prefix (of the given cluster ids, or all
+    but `spare`). Processes are never killed here: unrecorded pids are only reported."""
+    def mine(name: str) -> bool:
+        if not name.startswith(hostnet.PREFIX):
+            return False
+        cid = name[len(hostnet.PREFIX):].split("-", 1)[0]
+        return (cid in ids) if ids is not None else (cid not in spare)
+
+    out: dict[str, Any] = {"namespaces": [], "links": [], "host_rules": 0, "left_running": {}}
+    for link in hostnet.link_names():
+        if mine(link) and not link.endswith("-br"):
+            hostnet.run(["ip", "link", "del", link], check=False)
+            out["links"].append(link)
+    for ns in hostnet.netns_list():
+        if mine(ns):
+            stray = procs.netns_pids(ns)
+            if stray:
+                out["left_running"][ns] = stray
+            hostnet.run(["ip", "netns", "del", ns], check=False)
+            out["namespaces"].append(ns)
+    for link in hostnet.link_names():
+        if mine(link):
+            hostnet.run(["ip", "link", "del", link], check=False)
+            out["links"].append(link)
+    for rule in hostnet.tagged_host_rules():
+        cid = rule[rule.index("--comment") + 1][len(hostnet.RULE_TAG):]
+        if (cid in ids) if ids is not None else (cid not in spare):
+            hostnet.delete_host_rule(rule)
+            out["host_rules"] += 1
+    return out

@@ -1,0 +1,94 @@
+"""What cluster to deploy: counts of each role, replication settings and bug knobs, validated.
+
+Shared by every backend; `ClusterSpec.validate()` turns a bad combination into a SpecError with its fix.
+"""
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clusters import bugs as bug_knobs
+from clusters.deploy.backend import SpecError
+
+ROOT = Path("/tmp/pulsar-chaos/clusters")
+NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,23}$")
+MAX_PER_ROLE = {"zookeeper": 5, "bookie": 39, "broker": 39, "client": 9}
+
+
+@dataclass
+class ClusterSpec:
+    name: str = "default"
+    brokers: int = 2
+    bookies: int = 3
+    zookeepers: int = 1
+    ensemble: int = 3
+    write_quorum: int = 2
+    ack_quorum: int = 2
+    clients: int = 1
+    bugs: dict[str, Any] = field(default_factory=dict)
+    base_dir: Path | None = None       # default ROOT/<name>
+    subnet: str | None = None          # an IPv4 /24; default: the first free 10.213.X.0/24
+
+    def __post_init__(self) -> None:
+        if self.base_dir is None:
+            self.base_dir = ROOT / self.name
+        self.base_dir = Path(self.base_dir)
+
+    def validate(self) -> "ClusterSpec":
+        if not NAME_RE.match(self.name or ""):
+            raise SpecError(f"bad cluster name {self.name!r}",
+                            "use 1-24 characters: a lowercase letter, then lowercase letters, digits or '-'")
+        counts = {"zookeeper": self.zookeepers, "bookie": self.bookies, "broker": self.brokers,
+                  "client": self.clients}
+        for role, n in counts.items():
+            if not isinstance(n, int) or n < 0:
+                raise SpecError(f"{role} count must be a whole number >= 0, got {n!r}",
+                                f"pass --{role}s 0 or more" if role != "zookeeper" else "pass --zookeepers 1, 3 or 5")
+            if n > MAX_PER_ROLE[role]:
+                raise SpecError(f"too many {role}s: {n}", f"use at most {MAX_PER_ROLE[role]}")
+        if self.zookeepers not in (1, 3, 5):
+            raise SpecError(f"zookeepers={self.zookeepers}: an ensemble needs an odd size",
+                            "use --zookeepers 1, 3 or 5")
+        e, w, a = self.ensemble, self.write_quorum, self.ack_quorum
+        if not (e >= w >= a >= 1):
+            raise SpecError(f"ensemble={e} write_quorum={w} ack_quorum={a} violates E >= Qw >= Qa >= 1",
+                            "choose e.g. --ensemble 3 --write-quorum 2 --ack-quorum 2")
+        # bookies=0 and brokers=0 is allowed: a ZooKeeper-only cluster (backend tests, tools)
+        if (self.brokers or self.bookies) and self.bookies < e:
+            raise SpecError(f"bookies={self.bookies} is fewer than ensemble={e}: no ledger could be created",
+                            f"use --bookies {e} or more, or a smaller --ensemble")
+        try:
+            # re-validates names and values; accepts the parsed form (key -> value)
+            for key in self.bugs:
+                bug_knobs.value(self.bugs, key)
+        except bug_knobs.UnknownBugKnob as ex:
+            known = ", ".join(sorted(bug_knobs.KNOBS))
+            raise SpecError(f"unknown bug knob {ex.args[0]!r}", f"use one of: {known}") from None
+        if self.subnet is not None:
+            try:
+                net = ipaddress.IPv4Network(self.subnet)
+            except ValueError as ex:
+                raise SpecError(f"bad subnet {self.subnet!r}: {ex}", "give an IPv4 /24 like 10.213.7.0/24") from None
+            if net.prefixlen != 24 or not net.is_private:
+                raise SpecError(f"subnet {self.subnet} must be a private /24", "give e.g. 10.213.7.0/24")
+        return self
+
+    def layout(self) -> list[tuple[str, str, int]]:
+        """(name, role, index) of every host, in start order."""
+        out = []
+        for role, prefix, n in (("zookeeper", "zk", self.zookeepers), ("bookie", "bookie", self.bookies),
+                                ("broker", "broker", self.brokers), ("client", "client", self.clients)):
+            out.extend((f"{prefix}-{i}", role, i) for i in range(1, n + 1))
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["base_dir"] = str(self.base_dir)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "ClusterSpec":
+        return cls(**d)

@@ -1,0 +1,355 @@
+"""The `pulsar-chaos` command: deploy and fault clusters by hand (`cluster ...`) and check the machine (`doctor`).
+
+New top-level commands register with `@command(...)`; `cluster` subcommands with `@cluster_command(...)`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+EXIT_USER_ERROR = 2
+EXIT_CRASH = 255
+
+Handler = Callable[[argparse.Namespace], int | None]
+Configure = Callable[[argparse.ArgumentParser], None]
+
+
+@dataclass
+class Subcommand:
+    name: str
+    help: str
+    run: Handler
+    configure: Configure | None = None
+
+
+# name -> Subcommand; order of registration is the order in --help
+COMMANDS: dict[str, Subcommand] = {}
+CLUSTER_COMMANDS: dict[str, Subcommand] = {}
+
+
+def command(name: str, help: str, configure: Configure | None = None,
+            registry: dict[str, Subcommand] = COMMANDS) -> Callable[[Handler], Handler]:
+    """Register a subcommand: `@command("demo", "...", configure=add_args) def run(args): ...`."""
+    def deco(fn: Handler) -> Handler:
+        registry[name] = Subcommand(name, help, fn, configure)
+        return fn
+    return deco
+
+
+def cluster_command(name: str, help: str, configure: Configure | None = None) -> Callable[[Handler], Handler]:
+    return command(name, help, configure, registry=CLUSTER_COMMANDS)
+
+
+class UserError(Exception):
+    """A mistake the user can fix; printed as one line `error: ... (fix: ...)`, exit 2."""
+
+    def __init__(self, message: str, fix: str | None = None):
+        super().__init__(message)
+        self.message, self.fix = message, fix
+
+    def __str__(self) -> str:
+        return f"{self.message} (fix: {self.fix})" if self.fix else self.message
+
+
+class Terminated(BaseException):
+    """SIGTERM/SIGHUP turned into an exception so cleanup code (finally, __exit__) runs."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        fail(f"{message}", f"see `{self.prog} --help`")
+
+
+def fail(message: str, fix: str | None = None) -> NoReturn:
+    print(f"error: {message}" + (f" (fix: {fix})" if fix else ""), file=sys.stderr)
+    sys.exit(EXIT_USER_ERROR)
+
+
+def is_tty() -> bool:
+    return sys.stdout.isatty()
+
+
+def print_json(data: Any) -> None:
+    if is_tty():
+        from rich.console import Console
+        Console().print_json(json.dumps(data, default=str))
+    else:
+        print(json.dumps(data, indent=2, default=str))
+
+
+def _configure_cluster(p: argparse.ArgumentParser) -> None:
+    _add_subcommands(p, CLUSTER_COMMANDS, "cluster_command")
+
+
+def _cluster_help(args: argparse.Namespace) -> int:
+    args.parser.print_help(sys.stderr)
+    return EXIT_USER_ERROR
+
+
+COMMANDS["cluster"] = Subcommand("cluster", "deploy a cluster in network namespaces and fault it by hand",
+                                 _cluster_help, _configure_cluster)
+
+
+# ------------------------------------------------------------------------------------ doctor
+
+@command("doctor", "check prerequisites (root, ip, iptables, Java, ZooKeeper, pulsar-client, Docker, netns)")
+def _doctor(args: argparse.Namespace) -> int:
+    from harness import doctor
+    return doctor.report(doctor.run_checks(), sys.stdout, rich=is_tty())
+
+
+# ------------------------------------------------------------------------------------ demo
+
+def _demo_args(p: argparse.ArgumentParser) -> None:
+    from harness import demo
+    demo.add_arguments(p)
+
+
+@command("demo", "start a cluster, produce and consume through it with pulsar-client, tear it down",
+         _demo_args)
+def _demo(args: argparse.Namespace) -> int:
+    from harness import demo
+    return demo.run(args)
+
+
+# ------------------------------------------------------------------------------------ cluster
+
+def _name_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--name", default=None, help="cluster name (default: 'default')")
+
+
+def _node_arg(p: argparse.ArgumentParser) -> None:
+    _name_arg(p)
+    p.add_argument("node", help="node name, e.g. zk-1, bookie-2, broker-1")
+
+
+def _cluster_name(args: argparse.Namespace) -> str:
+    return args.name or "default"
+
+
+def _name_flag(name: str) -> str:
+    return "" if name == "default" else f" --name {name}"
+
+
+def _attach_up(args: argparse.Namespace):
+    """The named cluster, which must be up."""
+    from clusters.deploy.netns import NetnsCluster, _present
+    name = _cluster_name(args)
+    cluster = NetnsCluster.attach(name)
+    state = cluster._state()
+    if state["status"] not in ("up", "starting") or not _present(state):
+        raise UserError(f"cluster {name!r} is not up (status: {state['status']})",
+                        f"start it with `pulsar-chaos cluster up{_name_flag(name)}`")
+    return cluster
+
+
+def _up_args(p: argparse.ArgumentParser) -> None:
+    _name_arg(p)
+    p.add_argument("--brokers", type=int, default=2)
+    p.add_argument("--bookies", type=int, default=3)
+    p.add_argument("--zookeepers", type=int, default=1)
+    p.add_argument("--ensemble", "-e", type=int, default=3, help="bookies per ledger (E)")
+    p.add_argument("--write-quorum", "-w", type=int, default=2, help="copies of each entry (Qw)")
+    p.add_argument("--ack-quorum", "-a", type=int, default=2, help="acks before an add succeeds (Qa)")
+    p.add_argument("--clients", type=int, default=1, help="client hosts for run_client (default 1)")
+    p.add_argument("--subnet", default=None, help="an unused private /24 (default: first free 10.213.X.0/24)")
+    p.add_argument("--bug", action="append", default=[], metavar="KEY[=VALUE]",
+                   help="turn on a bug knob of the reference system (repeatable)")
+
+
+@cluster_command("up", "start a cluster (it keeps running after this command) and print its service URL",
+                 _up_args)
+def _cluster_up(args: argparse.Namespace) -> int:
+    from clusters import bugs
+    from clusters.deploy.netns import NetnsCluster
+    from clusters.deploy.spec import ClusterSpec
+    spec = ClusterSpec(name=_cluster_name(args), brokers=args.brokers, bookies=args.bookies,
+                       zookeepers=args.zookeepers, ensemble=args.ensemble, write_quorum=args.write_quorum,
+                       ack_quorum=args.ack_quorum, clients=args.clients, bugs=bugs.parse(args.bug),
+                       subnet=args.subnet)
+    cluster = NetnsCluster(spec)          # validates the spec
+    if is_tty():
+        print(f"starting cluster {spec.name!r} in {spec.base_dir} ...", file=sys.stderr)
+    try:
+        cluster.up()                      # on any failure or interrupt it tears itself down
+    except (KeyboardInterrupt, Terminated):
+        print(f"interrupted: cluster {spec.name!r} removed", file=sys.stderr)
+        raise
+    cluster.detach()
+    if is_tty():
+        _print_nodes(cluster.status())
+    print(cluster.service_url or f"(no brokers) zookeeper: {cluster.zk_connect}")
+    return 0
+
+
+def _print_nodes(status: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    table = Table(title=f"cluster {status['name']} ({status['status']}) - {status['base_dir']}")
+    for col in ("node", "role", "address", "pid", "state", "log"):
+        table.add_column(col)
+    for n in status["nodes"]:
+        table.add_row(n["name"], n["role"], n["host"], str(n["pid"] or ""), n["state"], n["log"] or "")
+    Console().print(table)
+
+
+@cluster_command("status", "print the cluster's nodes, pids, liveness, logs and URLs as JSON", _name_arg)
+def _cluster_status(args: argparse.Namespace) -> int:
+    from clusters.deploy.netns import NetnsCluster
+    print_json(NetnsCluster.attach(_cluster_name(args)).status())
+    return 0
+
+
+@cluster_command("list", "list the clusters known on this host")
+def _cluster_list(args: argparse.Namespace) -> int:
+    from clusters.deploy.netns import _all_states, _present
+    rows = [{"name": s["name"], "status": s["status"] if s["status"] == "down" or _present(s) else "gone",
+             "subnet": s.get("subnet"), "base_dir": s.get("base_dir")} for s in _all_states()]
+    print_json(rows)
+    return 0
+
+
+def _down_args(p: argparse.ArgumentParser) -> None:
+    _name_arg(p)
+    p.add_argument("--force", action="store_true",
+                   help="remove leftovers of killed runs: every pulsar-chaos cluster, namespace, link and "
+                        "rule on this host (only --name's if given), killing only recorded processes")
+
+
+@cluster_command("down", "stop the cluster and remove its namespaces and links (logs and data stay)", _down_args)
+def _cluster_down(args: argparse.Namespace) -> int:
+    from clusters.deploy import netns
+    netns.require_root()
+    if args.force:
+        report = netns.NetnsCluster.cleanup_all(force=True, names=[args.name] if args.name else None)
+        print_json(report)
+        left = sorted(p for pids in report["left_running"].values() for p in pids)
+        if left:
+            print(f"warning: processes not recorded by pulsar-chaos were running in the removed namespaces "
+                  f"and were left alone: {' '.join(map(str, left))} (fix: check them with `ps -p PID` "
+                  f"and `kill PID` those that are yours)", file=sys.stderr)
+        return 0
+    cluster = _attach_up(args)
+    cluster.down()
+    print(f"cluster {cluster.name!r} is down; logs and data kept in {cluster.base_dir}/nodes")
+    return 0
+
+
+def _node_action(verb: str, help: str) -> None:
+    @cluster_command(verb, help, _node_arg)
+    def _run(args: argparse.Namespace) -> int:
+        from clusters.deploy import netns
+        netns.require_root()
+        cluster = _attach_up(args)
+        getattr(cluster, verb)(args.node)
+        node = cluster.node(args.node)
+        print(f"{node.name}: {'paused' if node.paused else 'running' if node.alive else 'dead'}"
+              + (f" (pid {node.pid})" if node.alive else ""))
+        return 0
+
+
+for _verb, _help in (("start", "start a stopped or killed node (same config, data and identity)"),
+                     ("stop", "stop a node gracefully (SIGTERM, then SIGKILL)"),
+                     ("kill", "SIGKILL a node"), ("pause", "SIGSTOP a node"), ("resume", "SIGCONT a paused node")):
+    _node_action(_verb, _help)
+
+
+def _partition_args(p: argparse.ArgumentParser) -> None:
+    _name_arg(p)
+    p.add_argument("groups", nargs="+", metavar="GROUP",
+                   help="comma-separated node names, e.g. broker-1,bookie-1 broker-2,zk-1; nodes in different "
+                        "groups drop each other's packets ('host' names the machine running the harness)")
+
+
+@cluster_command("partition", "cut the network between groups of nodes (adds to partitions in force)",
+                 _partition_args)
+def _cluster_partition(args: argparse.Namespace) -> int:
+    from clusters.deploy import netns
+    from clusters.deploy.backend import partition_groups
+    netns.require_root()
+    groups = [[n for n in g.split(",") if n] for g in args.groups]
+    if len([g for g in groups if g]) < 2:
+        raise UserError("a partition needs at least two groups", "e.g. `cluster partition broker-1 broker-2,zk-1`")
+    cluster = _attach_up(args)
+    cluster.partition(partition_groups(groups))
+    print_json({"partitions": cluster.status()["partitions"]})
+    return 0
+
+
+@cluster_command("heal", "remove every partition and flaky link", _name_arg)
+def _cluster_heal(args: argparse.Namespace) -> int:
+    from clusters.deploy import netns
+    netns.require_root()
+    _attach_up(args).heal()
+    print("healed")
+    return 0
+
+
+# ------------------------------------------------------------------------------------ plumbing
+
+def _add_subcommands(parser: argparse.ArgumentParser, registry: dict[str, Subcommand], dest: str) -> None:
+    subs = parser.add_subparsers(dest=dest, metavar="COMMAND", parser_class=_Parser)
+    for sc in registry.values():
+        p = subs.add_parser(sc.name, help=sc.help, description=sc.help)
+        if sc.configure:
+            sc.configure(p)
+        p.set_defaults(handler=sc.run, parser=p)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="pulsar-chaos", description="A Jepsen-style chaos harness for Pulsar-like systems.")
+    _add_subcommands(parser, COMMANDS, "command")
+    parser.set_defaults(handler=None, parser=parser)
+    return parser
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    raise Terminated(signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.handler is None:
+        args.parser.print_help(sys.stderr)
+        return EXIT_USER_ERROR
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
+    from clusters.bugs import UnknownBugKnob
+    from clusters.deploy.backend import ClusterError
+    from clusters.zookeeper import ZooKeeperMissing
+    try:
+        return args.handler(args) or 0
+    except (UserError, ClusterError) as ex:
+        print(f"error: {ex}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except UnknownBugKnob as ex:
+        print(f"error: {ex} (fix: drop that --bug or use a known knob)", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except ZooKeeperMissing as ex:
+        print(f"error: {ex}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Terminated as ex:
+        print("terminated", file=sys.stderr)
+        return 128 + (ex.args[0] if ex.args else signal.SIGTERM)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except Exception:
+        traceback.print_exc()
+        print("error: pulsar-chaos crashed (the traceback above is a bug; please report it)", file=sys.stderr)
+        return EXIT_CRASH
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Tests of clusters.deploy (the deployment backends)."""
