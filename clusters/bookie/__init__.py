@@ -1,0 +1,1 @@
+"""The bookie: `python -m clusters.node CONFIG.json` with role "bookie" runs server.serve()."""

@@ -221,7 +221,8 @@ class ManagedLedger:
         self._lh_entries += 1
         self._lh_bytes += len(data)
         try:
-            entry_id = await lh.add_entry(data)
+            # add_entry_async fixes the entry id now, so entries keep the order of add_entry calls
+            entry_id = await lh.add_entry_async(data)
         except BKLedgerFencedError as e:
             self._fence()
             raise ManagedLedgerFenced(f"{self.name}: ledger {lh.ledger_id} fenced by another broker") from e

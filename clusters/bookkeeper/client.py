@@ -1,0 +1,809 @@
+"""The BookKeeper client: ledger creation, pipelined striped writes with ensemble changes,
+fencing + recovery (open with recovery), reads.  Runs inside the caller's asyncio loop.
+
+Protocol rules implemented here (see docs: bookkeeper-and-pulsar-internals.md, 1.1-1.5):
+  * metadata changes are versioned CAS writes in a re-read-and-retry loop;
+  * entry e is written to ensemble[(e + i) % E] for i < Qw and is complete once Qa distinct
+    bookies of its write set acknowledged it; completions (and LAC) advance strictly in
+    entry-id order, and are held back while an ensemble change is in progress;
+  * a bookie error/timeout triggers an ensemble change: new fragment keyed LAC + 1, every
+    pending add re-sent to the replacement; a FENCED answer fails the writer for good;
+  * open with recovery: OPEN -> IN_RECOVERY, fence the last ensemble until quorum coverage,
+    start at max(max LAC, first entry of the last fragment - 1), read forward with fencing
+    reads (positive on any OK, negative on Qw - Qa + 1 NoSuchEntry), write back with recovery
+    adds, then CAS IN_RECOVERY -> CLOSED.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import deque
+from typing import Any, Awaitable, Callable
+
+import crc32c
+from kazoo.exceptions import KazooException
+
+from clusters.bookie import protocol as P
+from clusters.metadata.store import BadVersion, MetadataStore, NodeExists, NoNode
+
+from . import quorum
+from .channel import ChannelPool
+from .errors import (BKDigestError, BKError, BKLedgerClosedError, BKLedgerFencedError,
+                     BKMetadataVersionError, BKNoSuchEntryError, BKNoSuchLedgerError,
+                     BKNotEnoughBookiesError, BKReadError, BKRecoveryError, BKTimeoutError)
+from .metadata import (AVAILABLE, CLOSED, IDGEN, IN_RECOVERY, LEDGERS, OPEN, LedgerMetadata,
+                       ledger_path, parse_ledger_path)
+
+log = logging.getLogger(__name__)
+
+ZK_RETRY_FOR = 15.0          # seconds of ZooKeeper connection trouble tolerated per operation
+ZK_OP_TIMEOUT = 10.0         # one ZooKeeper call (zkTimeout)
+QUARANTINE_S = 10.0          # prefer other bookies for this long after one failed
+READ_WINDOW = 512            # max entry reads in flight per read() call
+RECOVERY_READ_AHEAD = 16
+
+
+def _status_name(st: int) -> str:
+    return P.STATUS.get(st, str(st))
+
+
+class BookKeeper:
+    def __init__(self, store: MetadataStore, *, add_timeout: float = 5.0,
+                 read_timeout: float = 5.0, name: str = ""):
+        self.store = store
+        self.add_timeout = add_timeout
+        self.read_timeout = read_timeout
+        self.name = name
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.pool: ChannelPool | None = None
+        self._quarantine: dict[str, float] = {}
+        self._closed = False
+
+    # -- lifecycle -----------------------------------------------------------------
+    async def start(self) -> "BookKeeper":
+        self.loop = asyncio.get_running_loop()
+        self.pool = ChannelPool(self.loop, min(self.add_timeout, self.read_timeout))
+        self.pool.start()
+        for path in (LEDGERS, AVAILABLE, IDGEN):
+            await self._zk(self.store.ensure_path, path)
+        return self
+
+    async def close(self) -> None:
+        self._closed = True
+        if self.pool is not None:
+            await self.pool.close()
+
+    # -- ZooKeeper helpers ---------------------------------------------------------------
+    async def _zk(self, fn: Callable[..., Awaitable], *args: Any, **kw: Any) -> Any:
+        """Run a metadata-store call, retrying connection trouble (not logical errors)."""
+        deadline = time.monotonic() + ZK_RETRY_FOR
+        delay = 0.05
+        while True:
+            try:
+                return await asyncio.wait_for(fn(*args, **kw), ZK_OP_TIMEOUT)
+            except (NoNode, NodeExists, BadVersion):
+                raise
+            except (KazooException, asyncio.TimeoutError) as e:
+                if time.monotonic() >= deadline or self._closed:
+                    raise BKError(f"metadata store unavailable: {e!r}") from e
+                await asyncio.sleep(delay)
+                delay = min(1.0, delay * 2)
+
+    async def _read_metadata(self, ledger_id: int) -> LedgerMetadata:
+        try:
+            data, version = await self._zk(self.store.get, ledger_path(ledger_id))
+        except NoNode:
+            raise BKNoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
+        return LedgerMetadata.deserialize(data, version)
+
+    async def _update_metadata(self, md: LedgerMetadata,
+                               predicate: Callable[[LedgerMetadata], bool],
+                               transform: Callable[[LedgerMetadata], LedgerMetadata]
+                               ) -> tuple[LedgerMetadata, bool]:
+        """MetadataUpdateLoop: while predicate(md): CAS transform(md); re-read on BadVersion.
+        Returns (metadata now, whether we wrote it).  The predicate may raise to abort."""
+        path = ledger_path(md.ledger_id)
+        deadline = time.monotonic() + ZK_RETRY_FOR
+        while True:
+            if not predicate(md):
+                return md, False
+            new = transform(md)
+            try:
+                new.version = await asyncio.wait_for(
+                    self.store.set(path, new.serialize(), md.version), ZK_OP_TIMEOUT)
+                return new, True
+            except BadVersion:
+                md = await self._read_metadata(md.ledger_id)
+            except NoNode:
+                raise BKNoSuchLedgerError(f"ledger {md.ledger_id} was deleted") from None
+            except (KazooException, asyncio.TimeoutError) as e:
+                # outcome unknown: re-read and re-evaluate the predicate
+                if time.monotonic() >= deadline or self._closed:
+                    raise BKError(f"ledger {md.ledger_id}: metadata update failed: {e!r}") from e
+                log.info("ledger %d metadata update: %r; re-reading", md.ledger_id, e)
+                await asyncio.sleep(0.1)
+                md = await self._read_metadata(md.ledger_id)
+
+    async def available_bookies(self) -> list[str]:
+        return [b for b in await self._zk(self.store.children, AVAILABLE) if ":" in b]
+
+    def quarantine(self, addr: str) -> None:
+        self._quarantine[addr] = time.monotonic() + QUARANTINE_S
+
+    async def _choose_bookies(self, n: int, exclude: set[str]) -> list[str]:
+        avail = [b for b in await self.available_bookies() if b not in exclude]
+        now = time.monotonic()
+        good = [b for b in avail if self._quarantine.get(b, 0) <= now]
+        bad = [b for b in avail if self._quarantine.get(b, 0) > now]
+        if len(avail) < n:
+            raise BKNotEnoughBookiesError(
+                f"need {n} bookies besides {sorted(exclude)}, only {len(avail)} available")
+        random.shuffle(good)
+        random.shuffle(bad)
+        return (good + bad)[:n]
+
+    # -- ledger lifecycle ------------------------------------------------------------------
+    async def _new_ledger_id(self) -> int:
+        path = await self._zk(self.store.create, IDGEN + "/ID-", b"", sequence=True,
+                              makepath=True)
+        lid = int(path.rsplit("-", 1)[1])
+
+        async def drop() -> None:
+            try:
+                await self.store.delete(path)
+            except Exception:
+                pass
+        self.loop.create_task(drop())
+        return lid
+
+    async def create_ledger(self, ensemble: int, write_quorum: int, ack_quorum: int,
+                            custom: dict | None = None) -> "LedgerHandle":
+        if not (ensemble >= write_quorum >= ack_quorum >= 1):
+            raise ValueError(f"need E >= Qw >= Qa >= 1, got {ensemble}/{write_quorum}/{ack_quorum}")
+        bookies = await self._choose_bookies(ensemble, set())
+        lid = await self._new_ledger_id()
+        md = LedgerMetadata(lid, ensemble, write_quorum, ack_quorum, OPEN, -1, 0,
+                            int(time.time() * 1000), {0: bookies}, dict(custom or {}))
+        data = md.serialize()
+        try:
+            await self._zk(self.store.create, ledger_path(lid), data, makepath=True)
+        except NodeExists:   # a retried create of ours that had succeeded
+            cur, _ = await self._zk(self.store.get, ledger_path(lid))
+            if cur != data:
+                raise BKError(f"ledger id {lid} already in use") from None
+        md.version = 0
+        log.debug("created ledger %d on %s", lid, bookies)
+        return LedgerHandle(self, md)
+
+    async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
+        return await self._read_metadata(ledger_id)
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        md = await self._read_metadata(ledger_id)
+        try:
+            await self._zk(self.store.delete, ledger_path(ledger_id))
+        except NoNode:
+            raise BKNoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
+        for addr in md.bookies():   # best effort: bookies drop the ledger's data
+            self.pool.channel(addr).request(P.DELETE, 0, ledger_id, P.INVALID_ENTRY, [],
+                                            lambda ctx, st, body: None, None,
+                                            self.read_timeout)
+
+    async def list_ledgers(self) -> list[int]:
+        """Every ledger id with metadata (walks the hierarchical layout)."""
+        out = []
+        for a in await self._zk(self.store.children, LEDGERS):
+            if not (len(a) == 2 and a.isdigit()):
+                continue
+            for b in await self._zk(self.store.children, f"{LEDGERS}/{a}"):
+                for c in await self._zk(self.store.children, f"{LEDGERS}/{a}/{b}"):
+                    lid = parse_ledger_path(f"{LEDGERS}/{a}/{b}/{c}")
+                    if lid is not None:
+                        out.append(lid)
+        return sorted(out)
+
+    async def open_ledger(self, ledger_id: int, recovery: bool = True,
+                          fence: bool = True) -> "ReadHandle":
+        md = await self._read_metadata(ledger_id)
+        if not recovery or md.state == CLOSED:
+            return ReadHandle(self, md)
+        md, _ = await self._update_metadata(md, lambda m: m.state == OPEN,
+                                            lambda m: m.copy(state=IN_RECOVERY))
+        if md.state == CLOSED:
+            return ReadHandle(self, md)
+        md = await self._recover(md, fence)
+        return ReadHandle(self, md)
+
+    # -- recovery -----------------------------------------------------------------------
+    async def _recover(self, md: LedgerMetadata, fence: bool) -> LedgerMetadata:
+        lid = md.ledger_id
+        last_key = md.last_ensemble_key()
+        max_lac = await self._read_lac_quorum(md, fencing=fence, recovery=True)
+        lac = max(max_lac, last_key - 1)
+        log.info("recovering ledger %d (fence=%s): max LAC %d, start %d, ensemble %s",
+                 lid, fence, max_lac, lac, md.current_ensemble)
+        rh = LedgerHandle(self, md.copy(), recovery=True, start_lac=lac)
+        futs: list[asyncio.Future] = []
+        eid = lac + 1
+        window: deque[tuple[int, asyncio.Future]] = deque()
+        try:
+            while True:
+                while len(window) < RECOVERY_READ_AHEAD:
+                    nxt = eid + len(window)
+                    window.append((nxt, self._recovery_read(md, nxt, fence)))
+                _, fut = window.popleft()
+                res = await fut
+                if res is None:
+                    break
+                payload, entry_length = res
+                futs.append(rh._add_recovered(eid, payload, entry_length))
+                eid += 1
+        finally:
+            for _, f in window:
+                if f.done():
+                    if not f.cancelled():
+                        f.exception()   # mark retrieved
+                else:
+                    f.cancel()
+        if futs:
+            results = await asyncio.gather(*futs, return_exceptions=True)
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise BKRecoveryError(f"ledger {lid}: write-back failed: {r!r}") from r
+        last = rh.last_add_confirmed
+        length = rh.confirmed_length
+        if last == lac:
+            length = await self._length_at(md, lac)
+        recovered_ensembles = dict(rh.recovery_ensembles)
+
+        def predicate(m: LedgerMetadata) -> bool:
+            if m.state == OPEN:
+                raise BKRecoveryError(f"ledger {lid} went back to OPEN during recovery")
+            return m.state == IN_RECOVERY
+
+        def transform(m: LedgerMetadata) -> LedgerMetadata:
+            new = m.copy(state=CLOSED, last_entry_id=last, length=length)
+            lk = m.last_ensemble_key()
+            for k, ens in sorted(recovered_ensembles.items()):
+                if k < lk:
+                    raise BKRecoveryError(f"ledger {lid}: recovery ensemble {k} < {lk}")
+                new.ensembles[k] = list(ens)
+            return new
+        md2, wrote = await self._update_metadata(md, predicate, transform)
+        log.info("ledger %d recovered: CLOSED at %d (%s)", lid, md2.last_entry_id,
+                 "by us" if wrote else "by another client")
+        return md2
+
+    async def _length_at(self, md: LedgerMetadata, entry: int) -> int:
+        if entry < 0:
+            return 0
+        try:
+            _, length = await self._read_entry(md, entry, with_length=True)
+            return length
+        except BKError as e:
+            log.warning("ledger %d: length at entry %d unknown: %r", md.ledger_id, entry, e)
+            return md.length
+
+    def _read_lac_quorum(self, md: LedgerMetadata, fencing: bool,
+                         recovery: bool = False) -> asyncio.Future:
+        """Ask every bookie of the last ensemble for its LAC (fencing it if asked); completes
+        with the max LAC once the answers give quorum coverage."""
+        fut = self.loop.create_future()
+        ens = md.current_ensemble
+        cov = quorum.CoverageSet(md.ensemble_size, md.write_quorum, md.ack_quorum)
+        state = {"max": -1, "errors": []}
+        op, flags = (P.READ, P.FLAG_DO_FENCING | P.FLAG_HIGH_PRIORITY) if fencing \
+            else (P.READ_LAC, 0)
+
+        def cb(i: int, status: int, body: bytes) -> None:
+            if fut.done():
+                return
+            if status == P.OK:
+                try:
+                    _, _, _, max_lac, _, _ = P.decode_read_body(body)
+                    state["max"] = max(state["max"], max_lac)
+                    cov.add_known(i)
+                except ValueError:
+                    cov.add_unknown(i)
+            elif status in (P.NO_SUCH_LEDGER, P.NO_SUCH_ENTRY):
+                cov.add_known(i)
+            else:
+                state["errors"].append(f"{ens[i]}: {_status_name(status)}")
+                cov.add_unknown(i)
+            if cov.covered():
+                fut.set_result(state["max"])
+            elif cov.all_answered():
+                err = BKRecoveryError if recovery else BKReadError
+                fut.set_exception(err(
+                    f"ledger {md.ledger_id}: no quorum coverage of {ens} "
+                    f"({'fencing' if fencing else 'LAC read'}): {state['errors']}"))
+        for i, addr in enumerate(ens):
+            self.pool.channel(addr).request(op, flags, md.ledger_id, P.INVALID_ENTRY, [],
+                                            cb, i, self.read_timeout)
+        return fut
+
+    def _recovery_read(self, md: LedgerMetadata, eid: int, fencing: bool) -> asyncio.Future:
+        """Read entry eid from its whole write set: (payload, length) on the first OK, None once
+        Qw - Qa + 1 bookies say they do not have it; BKRecoveryError if undecidable."""
+        fut = self.loop.create_future()
+        ens = md.ensemble_for(eid)
+        ws = quorum.write_set(eid, md.ensemble_size, md.write_quorum)
+        st = [0, 0, 0]   # ok, missing, answered
+        errors: list[str] = []
+        flags = (P.FLAG_DO_FENCING | P.FLAG_HIGH_PRIORITY) if fencing else P.FLAG_HIGH_PRIORITY
+
+        def cb(i: int, status: int, body: bytes) -> None:
+            if fut.done():
+                return
+            st[2] += 1
+            if status == P.OK:
+                try:
+                    _, length, crc, _, _, payload = P.decode_read_body(body)
+                    if crc32c.crc32c(payload) != crc:
+                        raise ValueError("checksum mismatch")
+                    fut.set_result((payload, length))
+                    return
+                except ValueError as e:
+                    errors.append(f"{ens[i]}: {e}")
+            elif status in (P.NO_SUCH_ENTRY, P.NO_SUCH_LEDGER):
+                st[1] += 1
+            else:
+                errors.append(f"{ens[i]}: {_status_name(status)}")
+            outcome = quorum.recovery_read_outcome(md.write_quorum, md.ack_quorum, st[0],
+                                                   st[1], st[2])
+            if outcome == "negative":
+                fut.set_result(None)
+            elif outcome == "unknown":
+                fut.set_exception(BKRecoveryError(
+                    f"ledger {md.ledger_id} entry {eid}: cannot tell whether it exists: {errors}"))
+        for i in ws:
+            self.pool.channel(ens[i]).request(P.READ, flags, md.ledger_id, eid, [], cb, i,
+                                              self.read_timeout)
+        return fut
+
+    # -- reads ------------------------------------------------------------------------
+    def _read_entry(self, md: LedgerMetadata, eid: int, with_length: bool = False
+                    ) -> asyncio.Future:
+        """Read one entry from the first bookie of its write set that has it."""
+        fut = self.loop.create_future()
+        ens = md.ensemble_for(eid)
+        ws = quorum.write_set(eid, md.ensemble_size, md.write_quorum)
+        now = time.monotonic()
+        # try bookies not in quarantine first, keeping write-set order otherwise
+        order = sorted(ws, key=lambda i: self._quarantine.get(ens[i], 0) > now)
+        results: list[int] = []
+
+        def attempt(k: int) -> None:
+            self.pool.channel(ens[order[k]]).request(P.READ, 0, md.ledger_id, eid, [], cb, k,
+                                                     self.read_timeout)
+
+        def cb(k: int, status: int, body: bytes) -> None:
+            if fut.done():
+                return
+            if status == P.OK:
+                try:
+                    _, length, crc, _, _, payload = P.decode_read_body(body)
+                except ValueError:
+                    status = P.BAD_REQUEST
+                else:
+                    if crc32c.crc32c(payload) == crc:
+                        fut.set_result((payload, length) if with_length else payload)
+                        return
+                    status = -1
+            results.append(status)
+            if status in (P.TIMEOUT, P.CONNECTION_LOST):
+                self.quarantine(ens[order[k]])
+            if k + 1 < len(order):
+                attempt(k + 1)
+                return
+            if all(s in (P.NO_SUCH_ENTRY, P.NO_SUCH_LEDGER) for s in results):
+                err: BKError = BKNoSuchEntryError(
+                    f"ledger {md.ledger_id} entry {eid}: no bookie of {[ens[i] for i in ws]} has it")
+            elif -1 in results:
+                err = BKDigestError(f"ledger {md.ledger_id} entry {eid}: checksum mismatch")
+            elif all(s == P.TIMEOUT for s in results):
+                err = BKTimeoutError(f"ledger {md.ledger_id} entry {eid}: read timed out")
+            else:
+                err = BKReadError(f"ledger {md.ledger_id} entry {eid}: "
+                                  f"{[_status_name(s) for s in results]}")
+            fut.set_exception(err)
+        attempt(0)
+        return fut
+
+    async def _read_entries(self, md: LedgerMetadata, first: int, last: int) -> list[bytes]:
+        out: list[bytes] = []
+        eid = first
+        while eid <= last:
+            hi = min(last, eid + READ_WINDOW - 1)
+            futs = [self._read_entry(md, e) for e in range(eid, hi + 1)]
+            try:
+                for f in futs:
+                    out.append(await f)
+            finally:
+                for f in futs:
+                    if not f.done():
+                        f.cancel()
+                    elif not f.cancelled():
+                        f.exception()   # mark retrieved
+            eid = hi + 1
+        return out
+
+
+class _PendingAdd:
+    __slots__ = ("entry_id", "payload", "length", "crc", "fut", "acked", "completed", "sent",
+                 "ws")
+
+    def __init__(self, entry_id: int, payload: bytes, length: int, crc: int,
+                 fut: asyncio.Future, ws: list[int]):
+        self.entry_id = entry_id
+        self.payload = payload
+        self.length = length
+        self.crc = crc
+        self.fut = fut
+        self.acked = 0          # bitmask of ensemble indexes that acknowledged
+        self.completed = False
+        self.sent = False
+        self.ws = ws
+
+
+class LedgerHandle:
+    """The writer of one ledger (also used internally for recovery write-back)."""
+
+    def __init__(self, bk: BookKeeper, md: LedgerMetadata, *, recovery: bool = False,
+                 start_lac: int = -1):
+        self.bk = bk
+        self.metadata = md
+        self.ledger_id = md.ledger_id
+        self.E, self.Qw, self.Qa = md.ensemble_size, md.write_quorum, md.ack_quorum
+        self.ensemble: list[str] = list(md.current_ensemble)
+        self.last_add_pushed = start_lac
+        self.last_add_confirmed = start_lac
+        self.length = 0             # ledger length through last_add_pushed
+        self.confirmed_length = 0   # ledger length through last_add_confirmed
+        self._recovery = recovery
+        self._flags = (P.FLAG_RECOVERY_ADD | P.FLAG_HIGH_PRIORITY) if recovery else P.FLAG_NONE
+        self.recovery_ensembles: dict[int, list[str]] = {}
+        self._pending: deque[_PendingAdd] = deque()
+        self._changing = False
+        self._failed_bookies: dict[int, str] = {}
+        self._change_task: asyncio.Task | None = None
+        self._error: BKError | None = None
+        self._closing = False
+        self._closed = False
+        self._drain_waiter: asyncio.Future | None = None
+        self._write_sets = [quorum.write_set(i, self.E, self.Qw) for i in range(self.E)]
+        self.ensemble_changes = 0
+
+    # -- public ----------------------------------------------------------------------
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    @property
+    def pending_adds(self) -> int:
+        return len(self._pending)
+
+    async def add_entry(self, data: bytes) -> int:
+        """Append data; returns its entry id.  Completes in entry-id order.  The entry id is
+        assigned when this coroutine starts; use add_entry_async to assign it synchronously."""
+        return await self.add_entry_async(data)
+
+    def add_entry_async(self, data: bytes) -> asyncio.Future:
+        """Assign the next entry id now and send it; a future of the entry id."""
+        fut = self.bk.loop.create_future()
+        if self._error is not None:
+            fut.set_exception(self._copy_error(self._error))
+            return fut
+        if self._closing or self._closed:
+            fut.set_exception(BKLedgerClosedError(f"ledger {self.ledger_id} is closed"))
+            return fut
+        data = bytes(data)
+        self.last_add_pushed += 1
+        eid = self.last_add_pushed
+        self.length += len(data)
+        op = _PendingAdd(eid, data, self.length, crc32c.crc32c(data), fut,
+                         self._write_sets[eid % self.E])
+        self._pending.append(op)
+        if not self._changing:
+            self._send(op, op.ws)
+        return fut
+
+    def _add_recovered(self, eid: int, data: bytes, length: int) -> asyncio.Future:
+        """Recovery write-back of entry eid (must be last_add_pushed + 1)."""
+        if eid != self.last_add_pushed + 1:
+            raise BKRecoveryError(f"unexpected recovery entry {eid} after {self.last_add_pushed}")
+        fut = self.bk.loop.create_future()
+        if self._error is not None:
+            fut.set_exception(self._copy_error(self._error))
+            return fut
+        self.last_add_pushed = eid
+        self.length = length
+        op = _PendingAdd(eid, data, length, crc32c.crc32c(data), fut,
+                         self._write_sets[eid % self.E])
+        self._pending.append(op)
+        if not self._changing:
+            self._send(op, op.ws)
+        return fut
+
+    async def read(self, first: int, last: int) -> list[bytes]:
+        if first < 0 or last < first:
+            raise ValueError(f"bad range {first}..{last}")
+        if last > self.last_add_confirmed:
+            raise BKNoSuchEntryError(f"ledger {self.ledger_id}: entry {last} is beyond the "
+                                     f"last add confirmed {self.last_add_confirmed}")
+        return await self.bk._read_entries(self.metadata, first, last)
+
+    async def close(self, drain_timeout: float | None = None) -> None:
+        """Close the ledger at its LAC (CAS OPEN -> CLOSED with lastEntryId = LAC).
+
+        New adds are refused at once.  Adds already in flight get up to `drain_timeout`
+        (default: twice the add timeout) to complete - unlike BookKeeper, which fails them
+        immediately - and whatever is still pending then fails with BKLedgerClosedError."""
+        if self._closed:
+            return
+        self._closing = True
+        if drain_timeout is None:
+            drain_timeout = 2 * self.bk.add_timeout
+        if self._pending and self._error is None and drain_timeout > 0:
+            self._drain_waiter = self.bk.loop.create_future()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._drain_waiter), drain_timeout)
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                self._drain_waiter = None
+        if self._change_task is not None:
+            try:
+                await self._change_task
+            except Exception:
+                pass
+        if self._pending:
+            self._fail_pending(BKLedgerClosedError(f"ledger {self.ledger_id} closed"),
+                               sticky=False)
+        lac, length = self.last_add_confirmed, self.confirmed_length
+
+        def predicate(m: LedgerMetadata) -> bool:
+            if m.state == CLOSED:
+                if m.last_entry_id == lac and m.length == length:
+                    return False
+                raise BKMetadataVersionError(
+                    f"ledger {self.ledger_id} already closed at {m.last_entry_id}, not {lac}")
+            return True
+
+        md, _ = await self.bk._update_metadata(
+            self.metadata, predicate,
+            lambda m: m.copy(state=CLOSED, last_entry_id=lac, length=length))
+        self.metadata = md
+        self._closed = True
+
+    # -- sending / acks ------------------------------------------------------------------
+    def _send(self, op: _PendingAdd, indexes: list[int]) -> None:
+        op.sent = True
+        body = P.ADD_BODY.pack(self.last_add_confirmed, op.length, op.crc)
+        parts = [body, op.payload]
+        pool = self.bk.pool
+        ens = self.ensemble
+        timeout = self.bk.add_timeout
+        lid = self.ledger_id
+        for i in indexes:
+            addr = ens[i]
+            pool.channel(addr).request(P.ADD, self._flags, lid, op.entry_id, parts,
+                                       self._on_add, (op, i, addr), timeout)
+
+    def _on_add(self, ctx: tuple, status: int, body: bytes) -> None:
+        op, i, addr = ctx
+        if self.ensemble[i] != addr:
+            return   # an answer from a bookie that has been replaced since: ignore it
+        if status == P.OK:
+            op.acked |= 1 << i
+            if not op.completed and op.acked.bit_count() >= self.Qa:
+                op.completed = True
+                if self._pending and self._pending[0] is op:
+                    self._send_success_callbacks()
+            return
+        if status == P.FENCED:
+            self._fail_pending(BKLedgerFencedError(
+                f"ledger {self.ledger_id} fenced (bookie {addr}, entry {op.entry_id})"))
+            return
+        if self._error is not None or self._closed:
+            return
+        if self._failed_bookies.get(i) != addr:
+            log.info("ledger %d: add %d to bookie %s failed: %s", self.ledger_id, op.entry_id,
+                     addr, _status_name(status))
+            self.bk.quarantine(addr)
+        # even if this entry already reached Qa, replace the bookie for the entries to come
+        self._handle_bookie_failure({i: addr})
+
+    def _send_success_callbacks(self) -> None:
+        if self._changing:
+            return
+        p = self._pending
+        while p:
+            op = p[0]
+            if not op.completed:
+                break
+            p.popleft()
+            self.last_add_confirmed = op.entry_id
+            self.confirmed_length = op.length
+            if not op.fut.done():
+                op.fut.set_result(op.entry_id)
+        if not p:
+            self._wake_drain()
+
+    def _wake_drain(self) -> None:
+        w = self._drain_waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    @staticmethod
+    def _copy_error(e: BKError) -> BKError:
+        return type(e)(*e.args)
+
+    def _fail_pending(self, err: BKError, sticky: bool = True) -> None:
+        if sticky and self._error is None:
+            self._error = err
+        pending, self._pending = self._pending, deque()
+        for op in pending:
+            if not op.fut.done():
+                op.fut.set_exception(self._copy_error(err))
+        self._wake_drain()
+
+    # -- ensemble change -------------------------------------------------------------------
+    def _handle_bookie_failure(self, failed: dict[int, str]) -> None:
+        if self._error is not None or self._closed:
+            return
+        for i, a in failed.items():
+            if self.ensemble[i] == a:
+                self._failed_bookies[i] = a
+        if self._failed_bookies and not self._changing:
+            self._changing = True
+            self._change_task = self.bk.loop.create_task(self._ensemble_change_loop())
+
+    async def _ensemble_change_loop(self) -> None:
+        try:
+            while self._failed_bookies and self._error is None:
+                failed = {i: a for i, a in self._failed_bookies.items() if self.ensemble[i] == a}
+                self._failed_bookies.clear()
+                if not failed:
+                    continue
+                try:
+                    new_ens = await self._change_ensemble(failed)
+                except BKError as e:
+                    log.warning("ledger %d: ensemble change failed: %r", self.ledger_id, e)
+                    self._fail_pending(e)
+                    return
+                except Exception as e:
+                    log.exception("ledger %d: ensemble change failed", self.ledger_id)
+                    self._fail_pending(BKError(f"ensemble change failed: {e!r}"))
+                    return
+                replaced = [i for i in range(self.E) if new_ens[i] != self.ensemble[i]]
+                self.ensemble = list(new_ens)
+                self.ensemble_changes += 1
+                mask = 0
+                for i in replaced:
+                    mask |= 1 << i
+                for op in list(self._pending):
+                    if not op.sent:
+                        self._send(op, op.ws)
+                        continue
+                    op.acked &= ~mask
+                    if op.completed and op.acked.bit_count() < self.Qa:
+                        op.completed = False
+                    targets = [i for i in op.ws if (mask >> i) & 1]
+                    if targets:
+                        self._send(op, targets)
+        finally:
+            self._changing = False
+            self._change_task = None
+            if self._error is None:
+                self._send_success_callbacks()
+
+    async def _change_ensemble(self, failed: dict[int, str]) -> list[str]:
+        """Replace the failed bookies; returns the new current ensemble (written to metadata
+        unless this is a recovery handle, which only keeps it locally until close)."""
+        md = self.metadata
+        exclude = set(self.ensemble) | set(failed.values())
+        new_bookies = await self.bk._choose_bookies(len(failed), exclude)
+        new_key = self.last_add_confirmed + 1
+        log.info("ledger %d: ensemble change at entry %d: %s -> %s", self.ledger_id, new_key,
+                 {self.ensemble[i]: None for i in failed}, new_bookies)
+
+        def transform_local(m: LedgerMetadata) -> LedgerMetadata:
+            new = m.copy()
+            ens = list(m.current_ensemble)
+            for (i, _), nb in zip(sorted(failed.items()), new_bookies):
+                ens[i] = nb
+            lk = m.last_ensemble_key()
+            if lk > new_key:
+                raise BKError(f"ledger {self.ledger_id}: last fragment {lk} > LAC+1 {new_key}")
+            new.ensembles[new_key] = ens    # replaces the last fragment if lk == new_key
+            return new
+
+        if self._recovery:
+            new = transform_local(md)
+            self.metadata = new
+            self.recovery_ensembles[new_key] = list(new.current_ensemble)
+            return list(new.current_ensemble)
+
+        def predicate(m: LedgerMetadata) -> bool:
+            if m.state == CLOSED:
+                raise BKLedgerClosedError(f"ledger {self.ledger_id} was closed by another client")
+            if m.state == IN_RECOVERY:
+                raise BKLedgerFencedError(
+                    f"ledger {self.ledger_id} is being recovered by another client")
+            cur = m.current_ensemble
+            return all(cur[i] == a for i, a in failed.items())
+
+        new, wrote = await self.bk._update_metadata(md, predicate, transform_local)
+        self.metadata = new
+        return list(new.current_ensemble)
+
+
+class ReadHandle:
+    """A reader of a ledger: closed (after recovery) or as its metadata was when opened."""
+
+    def __init__(self, bk: BookKeeper, md: LedgerMetadata):
+        self.bk = bk
+        self.metadata = md
+        self.ledger_id = md.ledger_id
+        self._lac = md.last_entry_id if md.state == CLOSED else -1
+
+    @property
+    def is_closed(self) -> bool:
+        return self.metadata.state == CLOSED
+
+    @property
+    def last_entry_id(self) -> int:
+        """The last entry of a closed ledger (else the last add confirmed known so far)."""
+        return self.metadata.last_entry_id if self.is_closed else self._lac
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self.last_entry_id
+
+    @property
+    def length(self) -> int:
+        return self.metadata.length
+
+    async def refresh(self) -> LedgerMetadata:
+        self.metadata = await self.bk._read_metadata(self.ledger_id)
+        if self.is_closed:
+            self._lac = self.metadata.last_entry_id
+        return self.metadata
+
+    async def read_lac(self) -> int:
+        """The last add confirmed: last_entry_id if closed, else the max LAC the bookies of the
+        last ensemble report (quorum coverage, no fencing)."""
+        if self.is_closed:
+            return self.metadata.last_entry_id
+        await self.refresh()
+        if self.is_closed:
+            return self.metadata.last_entry_id
+        lac = await self.bk._read_lac_quorum(self.metadata, fencing=False)
+        self._lac = max(self._lac, lac)
+        return self._lac
+
+    async def read(self, first: int, last: int) -> list[bytes]:
+        if first < 0 or last < first:
+            raise ValueError(f"bad range {first}..{last}")
+        if last > self.last_entry_id and not self.is_closed:
+            await self.read_lac()
+        if last > self.last_entry_id:
+            raise BKNoSuchEntryError(f"ledger {self.ledger_id}: entry {last} is beyond "
+                                     f"{self.last_entry_id}")
+        return await self.read_unconfirmed(first, last)
+
+    async def read_unconfirmed(self, first: int, last: int) -> list[bytes]:
+        """Read without checking the range against the LAC (may see unacknowledged entries)."""
+        try:
+            return await self.bk._read_entries(self.metadata, first, last)
+        except (BKNoSuchEntryError, BKReadError, BKTimeoutError):
+            if self.is_closed:
+                raise
+            old = self.metadata.ensembles
+            await self.refresh()          # an ensemble change may have moved the entries
+            if self.metadata.ensembles == old:
+                raise
+            return await self.bk._read_entries(self.metadata, first, last)

@@ -1,0 +1,1 @@
+from tests.bookie.cluster import bookies  # noqa: F401  (fixture)
