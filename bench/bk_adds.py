@@ -1,6 +1,6 @@
 """Throughput of pipelined adds through the BookKeeper client (not a pytest test).
 
-    .venv/bin/python -m tests.bookkeeper.bench_adds [--seconds 10] [--window 1000] [--size 100]
+    .venv/bin/python -m bench.bk_adds [--seconds 10] [--window 1000] [--size 100]
 
 Starts a local ZooKeeper and 3 bookie processes on loopback, creates a 3/2/2 ledger and keeps
 `window` adds in flight from one client (uvloop), like a broker does.
