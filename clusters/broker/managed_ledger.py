@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import json
 import logging
 import time
@@ -15,7 +16,7 @@ from typing import Any
 
 from clusters import bugs as bug_knobs
 from clusters.bookkeeper.errors import (BKError, BKLedgerClosedError, BKLedgerFencedError,
-                                        BKNoSuchLedgerError)
+                                        BKMetadataVersionError, BKNoSuchLedgerError)
 from clusters.config import BrokerConfig
 from clusters.metadata.store import BadVersion, MetadataStore, NodeExists, NoNode
 
@@ -86,6 +87,22 @@ class _TailCache:
         return self._d.get(pos)
 
 
+class _Add:
+    """One add_entry call: its payload, the caller's future, the ledger it was sent to."""
+    __slots__ = ("data", "fut", "lh", "bk_fut")
+
+    def __init__(self, data: bytes, fut: asyncio.Future):
+        self.data = data
+        self.fut = fut
+        self.lh: Any = None
+        self.bk_fut: asyncio.Future | None = None
+
+
+def _fail(op: _Add, exc: ManagedLedgerError) -> None:
+    if not op.fut.done():
+        op.fut.set_exception(type(exc)(*exc.args))
+
+
 class ManagedLedger:
     """Append-only log of entries for one topic, owned by one broker at a time."""
 
@@ -101,7 +118,9 @@ class ManagedLedger:
         self._lh_entries = 0               # adds issued to the current ledger
         self._lh_bytes = 0
         self._state = "init"               # open | rolling | failed | fenced | closed
-        self._queued: collections.deque[tuple[bytes, asyncio.Future]] = collections.deque()
+        self._queued: collections.deque[_Add] = collections.deque()     # waiting for a ledger
+        self._inflight: collections.deque[_Add] = collections.deque()   # sent, in entry order
+        self._closing_lh: Any = None       # the ledger we are closing ourselves
         self._last_confirmed: Position | None = None
         self._waiters: list[asyncio.Future] = []
         self._cache = _TailCache(64 * 1024 * 1024)
@@ -158,24 +177,40 @@ class ManagedLedger:
             lh = await self.bk.create_ledger(self.cfg.ensemble, self.cfg.write_quorum, self.cfg.ack_quorum,
                                              custom={"managed-ledger": self.name, "broker": self.cfg.name})
         except BKError as e:
-            self._state = "failed"
             raise ManagedLedgerError(f"creating a ledger for {self.name}: {e}") from e
+        if self._state in ("closed", "fenced"):      # closed (or fenced) while we were creating it
+            await self._abandon(lh)
+            raise self._refusal()
         new_list = self.ledgers + [LedgerInfo(lh.ledger_id, None, 0, time.time())]
+        encoded = self._encode(new_list)
         try:
-            self._version = await self.store.set(_path(self.name), self._encode(new_list), self._version)
+            self._version = await self.store.set(_path(self.name), encoded, self._version)
         except BadVersion:
-            self._state = "fenced"
             await self._abandon(lh)
             raise ManagedLedgerFenced(f"{self.name}: ledger list changed by another broker") from None
         except Exception as e:
-            self._state = "failed"
-            await self._abandon(lh)
-            raise ManagedLedgerError(f"{self.name}: updating the ledger list: {e}") from e
+            # The outcome is unknown (connection loss): if our write did land, the list names the new
+            # ledger and its version moved; deleting the ledger and keeping the old version would make
+            # our next CAS fail with BadVersion and fence us for nothing.
+            got = None
+            try:
+                got = await self.store.get(_path(self.name))
+            except Exception:
+                pass
+            if got is not None and got[0] == encoded:
+                self._version = got[1]
+            else:
+                await self._abandon(lh)
+                if got is not None and got[1] != self._version:
+                    raise ManagedLedgerFenced(f"{self.name}: ledger list changed by another broker") from e
+                raise ManagedLedgerError(f"{self.name}: updating the ledger list: {e}") from e
         self.ledgers = new_list
         self._lh = lh
         self._lh_created = time.monotonic()
         self._lh_entries = 0
         self._lh_bytes = 0
+        if self._state in ("closed", "fenced"):
+            return       # closed during the CAS: close() closes this ledger once the rollover is over
         self._state = "open"
         log.info("%s: writing to ledger %d", self.name, lh.ledger_id)
 
@@ -196,106 +231,158 @@ class ManagedLedger:
 
     def _full(self) -> bool:
         c = self.cfg
-        return (self._lh_entries >= c.max_entries_per_ledger
-                or self._lh_bytes >= c.max_ledger_size_mb * 1024 * 1024
-                or time.monotonic() - self._lh_created >= c.max_ledger_age_s)
+        return self._lh_entries > 0 and (
+            self._lh_entries >= c.max_entries_per_ledger
+            or self._lh_bytes >= c.max_ledger_size_mb * 1024 * 1024
+            or time.monotonic() - self._lh_created >= c.max_ledger_age_s)
+
+    def _refusal(self) -> ManagedLedgerError:
+        if self._state == "fenced":
+            return ManagedLedgerFenced(f"{self.name} is fenced: another broker owns it")
+        if self._state == "closed":
+            return ManagedLedgerError(f"{self.name} is closed")
+        return ManagedLedgerError(f"{self.name}: no ledger to write to ({self._state})")
 
     async def add_entry(self, data: bytes) -> Position:
-        """Append one entry; concurrent calls complete in call order."""
-        if self._state == "fenced":
-            raise ManagedLedgerFenced(f"{self.name} is fenced: another broker owns it")
-        if self._state == "closed":
-            raise ManagedLedgerError(f"{self.name} is closed")
-        if self._state == "open" and self._full():
+        """Append one entry; concurrent calls complete in call order, at increasing positions."""
+        if self._state in ("fenced", "closed"):
+            raise self._refusal()
+        op = _Add(bytes(data), asyncio.get_running_loop().create_future())
+        if self._state == "open" and not self._queued:
+            if self._full():
+                self._start_roll()
+            else:
+                self._issue(op)
+                return await op.fut
+        # a rollover is under way (or the last one failed): wait for the next ledger, in call order
+        self._queued.append(op)
+        if self._state == "failed":
             self._start_roll()
-        if self._state != "open" or self._queued:
-            fut = asyncio.get_running_loop().create_future()
-            self._queued.append((data, fut))
-            if self._state == "failed" and self._roll_task is None:
-                self._start_roll()
-            return await fut
-        return await self._add_now(data)
+        return await op.fut
 
-    async def _add_now(self, data: bytes) -> Position:
+    def _issue(self, op: "_Add") -> None:
+        """Send op to the current ledger now: the entry id is fixed synchronously, so entries keep
+        the order of add_entry calls, and completions (callbacks on the ledger's futures, which
+        complete in entry-id order) keep it too."""
         lh = self._lh
+        op.lh = lh
         self._lh_entries += 1
-        self._lh_bytes += len(data)
-        try:
-            # add_entry_async fixes the entry id now, so entries keep the order of add_entry calls
-            entry_id = await lh.add_entry_async(data)
-        except BKLedgerFencedError as e:
+        self._lh_bytes += len(op.data)
+        self._inflight.append(op)
+        op.bk_fut = lh.add_entry_async(op.data)
+        op.bk_fut.add_done_callback(functools.partial(self._add_done, op, lh))
+
+    def _add_done(self, op: "_Add", lh: Any, bk_fut: asyncio.Future) -> None:
+        exc = BKError("add cancelled") if bk_fut.cancelled() else bk_fut.exception()
+        if op.lh is not lh:
+            return                          # already re-queued for the next ledger
+        if exc is None:
+            self._inflight.remove(op)
+            pos = Position(lh.ledger_id, bk_fut.result())
+            self._cache.put(pos, op.data)
+            if self._last_confirmed is None or pos > self._last_confirmed:
+                self._last_confirmed = pos
+            self._notify()
+            if not op.fut.done():
+                op.fut.set_result(pos)
+            return
+        if self._state in ("closed", "fenced"):
+            self._inflight.remove(op)
+            op.lh = None
+            _fail(op, self._refusal())
+            return
+        if isinstance(exc, BKLedgerFencedError) or (isinstance(exc, BKLedgerClosedError)
+                                                    and lh is not self._closing_lh):
+            # fenced on the bookies, or closed by someone else's recovery: another broker owns it
+            self._inflight.remove(op)
+            op.lh = None
+            _fail(op, ManagedLedgerFenced(f"{self.name}: ledger {lh.ledger_id} fenced by another broker"))
             self._fence()
-            raise ManagedLedgerFenced(f"{self.name}: ledger {lh.ledger_id} fenced by another broker") from e
-        except BKError as e:
-            # The ledger is unusable (closed under us, not enough bookies...): roll to a new one, as
-            # Pulsar does. The failed add is reported; the client resends it.
-            if isinstance(e, BKLedgerClosedError):
-                self._fence()
-                raise ManagedLedgerFenced(f"{self.name}: ledger {lh.ledger_id} closed by another broker") from e
-            if lh is self._lh and self._state == "open":
-                self._state = "failed"
-                self._start_roll()
-            raise ManagedLedgerError(f"{self.name}: add to ledger {lh.ledger_id} failed: {e}") from e
-        pos = Position(lh.ledger_id, entry_id)
-        self._cache.put(pos, data)
-        if self._last_confirmed is None or pos > self._last_confirmed:
-            self._last_confirmed = pos
-        self._notify()
-        return pos
+            return
+        # The ledger is unusable (not enough bookies, timeouts...). As Pulsar's
+        # OpAddEntry.handleAddFailure -> ledgerClosed: close it at its LAC (the un-acknowledged
+        # entries are then not part of it) and re-submit the pending adds, in order, on a new
+        # ledger; they fail only if that ledger cannot be created.
+        log.warning("%s: add to ledger %d failed (%s); rolling over", self.name, lh.ledger_id, exc)
+        self._requeue(lh)
+        if self._state == "open":
+            self._start_roll()
+
+    def _requeue(self, lh: Any) -> None:
+        """Move the adds of `lh` that did not succeed to the head of the queue, in order."""
+        moved, keep = [], collections.deque()
+        for op in self._inflight:
+            f = op.bk_fut
+            ok = f is not None and f.done() and not f.cancelled() and f.exception() is None
+            if op.lh is lh and not ok:
+                op.lh = op.bk_fut = None
+                if not op.fut.done():
+                    moved.append(op)
+            else:
+                keep.append(op)
+        self._inflight = keep
+        self._queued.extendleft(reversed(moved))
 
     def _start_roll(self) -> None:
-        if self._roll_task is None or self._roll_task.done():
-            if self._state == "open":
+        if self._roll_task is None:
+            if self._state in ("open", "failed"):
                 self._state = "rolling"
             self._roll_task = asyncio.get_running_loop().create_task(self._roll())
 
     async def _roll(self) -> None:
         """Close the current ledger (recording its entries), create the next, then drain queued adds."""
-        old = self._lh
         try:
+            old = self._lh
             if old is not None:
+                self._closing_lh = old
                 try:
-                    await old.close()
-                except (BKLedgerFencedError, BKLedgerClosedError):
-                    self._fence()
+                    await old.close()      # waits for the adds in flight
+                except (BKLedgerFencedError, BKLedgerClosedError, BKMetadataVersionError) as e:
+                    # someone else's recovery closed it (possibly with entries we were not told of)
+                    self._fence(ManagedLedgerFenced(f"{self.name}: ledger {old.ledger_id}: {e}"))
                     return
                 except BKError as e:
+                    # still OPEN in BookKeeper; the list below records how many entries it has
                     log.warning("%s: closing ledger %d: %s", self.name, old.ledger_id, e)
-                last = getattr(old, "last_add_confirmed", -1)
+                self._requeue(old)
                 for info in self.ledgers:
                     if info.ledger_id == old.ledger_id:
-                        info.entries = last + 1
-                        info.size = self._lh_bytes
+                        info.entries = old.last_add_confirmed + 1
+                        info.size = old.confirmed_length
+                self._read_handles[old.ledger_id] = old
                 self._lh = None
+            if self._state in ("closed", "fenced"):
+                return
             await self._create_ledger()
         except ManagedLedgerFenced as e:
             self._fence(e)
             return
         except ManagedLedgerError as e:
-            log.warning("%s: rollover failed: %s", self.name, e)
-            self._state = "failed"
+            if self._state not in ("closed", "fenced"):
+                log.warning("%s: rollover failed: %s", self.name, e)
+                self._state = "failed"
             self._fail_queued(e)
             return
         finally:
             self._roll_task = None
+            if self._state in ("closed", "fenced"):
+                self._fail_queued(self._refusal())
         self._drain()
 
     def _drain(self) -> None:
-        loop = asyncio.get_running_loop()
         while self._queued and self._state == "open":
-            data, fut = self._queued.popleft()
-            if fut.done():
-                continue
-            task = loop.create_task(self._add_now(data))
-            task.add_done_callback(lambda t, f=fut: _transfer(t, f))
+            if self._full():
+                self._start_roll()
+                return
+            op = self._queued.popleft()
+            if not op.fut.done():          # skip adds whose caller gave up
+                self._issue(op)
 
-    def _fail_queued(self, exc: Exception) -> None:
+    def _fail_queued(self, exc: ManagedLedgerError) -> None:
         while self._queued:
-            _, fut = self._queued.popleft()
-            if not fut.done():
-                fut.set_exception(exc)
+            _fail(self._queued.popleft(), exc)
 
-    def _fence(self, exc: Exception | None = None) -> None:
+    def _fence(self, exc: ManagedLedgerError | None = None) -> None:
         if self._state != "fenced":
             log.warning("%s: fenced; another broker took it over", self.name)
         self._state = "fenced"
@@ -333,10 +420,12 @@ class ManagedLedger:
             if first > last:
                 continue
             last = min(last, first + (max_entries - len(out)) - 1)
-            out.extend(await self._read_range(info.ledger_id, max(first, 0), last))
+            out.extend(await self._read_range(info.ledger_id, max(first, 0), last,
+                                              closed=info.entries is not None))
         return out
 
-    async def _read_range(self, ledger_id: int, first: int, last: int) -> list[tuple[Position, bytes]]:
+    async def _read_range(self, ledger_id: int, first: int, last: int,
+                          closed: bool = False) -> list[tuple[Position, bytes]]:
         out: list[tuple[Position, bytes]] = []
         eid = first
         while eid <= last:   # serve the cached prefix; fetch the rest from the bookies in one read
@@ -348,7 +437,12 @@ class ManagedLedger:
         if eid <= last:
             try:
                 handle = await self._handle_for(ledger_id)
-                datas = await handle.read(eid, last)
+                if closed and not handle.is_closed and hasattr(handle, "read_unconfirmed"):
+                    # The list says how many entries this ledger has, but its close failed so it is
+                    # still OPEN in BookKeeper: its last entry is beyond the LAC the bookies report.
+                    datas = await handle.read_unconfirmed(eid, last)
+                else:
+                    datas = await handle.read(eid, last)
             except BKError as e:
                 raise ManagedLedgerError(f"{self.name}: reading {ledger_id}:{eid}..{last}: {e}") from e
             out.extend((Position(ledger_id, eid + i), d) for i, d in enumerate(datas))
@@ -405,18 +499,30 @@ class ManagedLedger:
     async def close(self) -> None:
         """Stop writing: close the open ledger so the next owner finds it closed."""
         if self._state in ("closed", "fenced"):
-            self._state = "closed" if self._state == "closed" else self._state
             self._notify()
             return
         self._state = "closed"
-        self._fail_queued(ManagedLedgerError(f"{self.name} is closed"))
+        self._fail_queued(self._refusal())
+        roll = self._roll_task
+        if roll is not None:               # let a rollover in flight finish (it creates no ledger now)
+            try:
+                await asyncio.shield(roll)
+            except Exception:
+                log.debug("%s: rollover during close", self.name, exc_info=True)
         for cur in list(self.cursors.values()):
             await cur.flush()
-        if self._lh is not None:
+        lh = self._lh
+        if lh is not None:
+            self._closing_lh = lh
             try:
-                await self._lh.close()
+                await lh.close()           # the adds in flight complete first
             except Exception as e:
-                log.warning("%s: closing ledger %d: %s", self.name, self._lh.ledger_id, e)
+                log.warning("%s: closing ledger %d: %s", self.name, lh.ledger_id, e)
+            else:
+                for info in self.ledgers:
+                    if info.ledger_id == lh.ledger_id:
+                        info.entries = lh.last_add_confirmed + 1
+                        info.size = lh.confirmed_length
         self._notify()
 
     # -- encoding -----------------------------------------------------------------
@@ -430,19 +536,6 @@ class ManagedLedger:
         raw = json.loads(data)
         return [LedgerInfo(int(i["ledger_id"]), i.get("entries"), int(i.get("size", 0)),
                            float(i.get("timestamp", 0))) for i in raw.get("ledgers", [])]
-
-
-def _transfer(task: asyncio.Task, fut: asyncio.Future) -> None:
-    if fut.done():
-        if not task.cancelled():
-            task.exception()   # mark retrieved
-        return
-    if task.cancelled():
-        fut.cancel()
-    elif task.exception() is not None:
-        fut.set_exception(task.exception())
-    else:
-        fut.set_result(task.result())
 
 
 class ManagedCursor:
