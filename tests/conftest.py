@@ -30,11 +30,10 @@ def zk_server(tmp_path_factory):
         zk.stop()
 
 
-@pytest.fixture
-def zk(zk_server):
-    """A connect string `127.0.0.1:PORT/test-XXXX` rooted in a fresh chroot, so tests never share metadata."""
+def fresh_chroot(zk_server, prefix: str = "test") -> str:
+    """A connect string `127.0.0.1:PORT/<prefix>-XXXX` rooted in a new, empty chroot."""
     from kazoo.client import KazooClient
-    chroot = f"/test-{uuid.uuid4().hex[:12]}"
+    chroot = f"/{prefix}-{uuid.uuid4().hex[:12]}"
     client = KazooClient(hosts=zk_server.connect_string)
     client.start(30)
     try:
@@ -43,3 +42,9 @@ def zk(zk_server):
         client.stop()
         client.close()
     return zk_server.connect_string + chroot
+
+
+@pytest.fixture
+def zk(zk_server):
+    """A fresh chroot per test, so tests never share metadata."""
+    return fresh_chroot(zk_server)

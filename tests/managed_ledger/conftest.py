@@ -12,22 +12,14 @@ import pytest
 from clusters.bookkeeper.client import BookKeeper
 from clusters.config import BrokerConfig
 from clusters.metadata.store import MetadataStore
+from tests.conftest import fresh_chroot
 from tests.bookie.cluster import Bookies, bookies  # noqa: F401  (`bookies`: per-test cluster fixture)
 
 
 @pytest.fixture(scope="module")
 def shared_zk(zk_server):
     """A ZooKeeper chroot for the whole module (the per-test `zk` fixture is function scoped)."""
-    from kazoo.client import KazooClient
-    chroot = f"/test-ml-{uuid.uuid4().hex[:12]}"
-    client = KazooClient(hosts=zk_server.connect_string)
-    client.start(30)
-    try:
-        client.ensure_path(chroot)
-    finally:
-        client.stop()
-        client.close()
-    return zk_server.connect_string + chroot
+    return fresh_chroot(zk_server, "test-ml")
 
 
 @pytest.fixture(scope="module")
