@@ -1,0 +1,171 @@
+"""The test spec: what one run does, from CLI flags and/or a TOML file, saved as test.toml in the run.
+
+Every field is validated before anything is created; a bad field is a SpecError naming the field
+and the fix (the CLI exits 254 with one line, as Jepsen does for usage errors).
+"""
+from __future__ import annotations
+
+import random
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from clusters import bugs as bug_knobs
+
+WORKLOADS = ("log",)
+NEMESES = ("partition", "kill", "pause", "zk-isolate")
+BACKENDS = ("netns",)
+
+
+class SpecError(ValueError):
+    """A malformed spec: names the field (and file), says how to fix it."""
+
+    def __init__(self, field_name: str, problem: str, fix: str, source: str = ""):
+        self.field, self.problem, self.fix, self.source = field_name, problem, fix, source
+        where = f"{source}: " if source else ""
+        super().__init__(f"{where}{field_name}: {problem} (fix: {fix})")
+
+
+@dataclass
+class TestSpec:
+    test_name: str = "log-chaos"
+    workload: str = "log"
+    nemesis: list[str] = field(default_factory=lambda: list(NEMESES))
+    nemesis_interval: float = 10.0          # seconds a fault lasts, and seconds between faults
+    time_limit: float = 60.0                # seconds of workload (and faults)
+    rate: float = 200.0                     # target ops/s over all client processes
+    concurrency: int = 6                    # logical client processes
+    topics: int = 2
+    brokers: int = 2
+    bookies: int = 3
+    zookeepers: int = 1
+    ensemble: int = 3
+    write_quorum: int = 2
+    ack_quorum: int = 2
+    bugs: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0                           # 0: pick one at random (recorded in test.toml)
+    results_dir: str = "results"
+    backend: str = "netns"
+    settle: float = 10.0                    # seconds after heal before the final reads
+    final_read_timeout: float = 60.0        # seconds the final reads may take per topic
+
+    def validate(self, source: str = "") -> "TestSpec":
+        def err(name: str, problem: str, fix: str) -> SpecError:
+            return SpecError(name, problem, fix, source)
+
+        if not self.test_name or any(c in self.test_name for c in "/\\ ") or self.test_name.startswith("."):
+            raise err("test_name", f"{self.test_name!r} is not a folder name", "use letters, digits, - and _")
+        if self.workload not in WORKLOADS:
+            raise err("workload", f"unknown workload {self.workload!r}", f"use one of {', '.join(WORKLOADS)}")
+        for n in self.nemesis:
+            if n not in NEMESES:
+                raise err("nemesis", f"unknown nemesis {n!r}",
+                          f"use a comma list of {', '.join(NEMESES)}, or none")
+        for name, lo in (("nemesis_interval", 0.5), ("time_limit", 1.0), ("rate", 0.1), ("settle", 0.0),
+                         ("final_read_timeout", 1.0)):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < lo:
+                raise err(name, f"must be a number >= {lo}, not {v!r}", f"set {name} to a number >= {lo}")
+        for name, lo, hi in (("concurrency", 1, 256), ("topics", 1, 64), ("brokers", 1, 9),
+                             ("bookies", 1, 9), ("zookeepers", 1, 5), ("ensemble", 1, 9),
+                             ("write_quorum", 1, 9), ("ack_quorum", 1, 9)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+                raise err(name, f"must be a whole number from {lo} to {hi}, not {v!r}",
+                          f"set {name} between {lo} and {hi}")
+        if self.zookeepers % 2 == 0:
+            raise err("zookeepers", f"{self.zookeepers} cannot form a majority", "use 1, 3 or 5")
+        if not self.ensemble >= self.write_quorum >= self.ack_quorum:
+            raise err("ack_quorum", f"needs ensemble >= write_quorum >= ack_quorum, got "
+                      f"{self.ensemble}/{self.write_quorum}/{self.ack_quorum}",
+                      "lower the quorums or raise the ensemble")
+        if self.bookies < self.ensemble:
+            raise err("bookies", f"{self.bookies} bookies cannot hold an ensemble of {self.ensemble}",
+                      "add bookies or lower ensemble")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise err("seed", f"must be a whole number >= 0, not {self.seed!r}", "use e.g. --seed 42")
+        if self.backend not in BACKENDS:
+            raise err("backend", f"unknown backend {self.backend!r}", f"use one of {', '.join(BACKENDS)}")
+        if not isinstance(self.bugs, dict):
+            raise err("bugs", "must be a table of knob = value", 'write e.g. [bugs] "bookie.ack_before_fsync" = true')
+        for k in self.bugs:
+            if k not in bug_knobs.KNOBS:
+                raise err("bugs", f"unknown bug knob {k!r}", f"use one of {', '.join(sorted(bug_knobs.KNOBS))}")
+        return self
+
+    def resolved(self) -> "TestSpec":
+        """A copy with the seed fixed, so the saved test.toml re-runs the same schedule."""
+        d = asdict(self)
+        if not d["seed"]:
+            d["seed"] = random.SystemRandom().randrange(1, 2**31)
+        return TestSpec(**d)
+
+    def to_toml(self) -> str:
+        lines = ["# pulsar-chaos test spec; rerun with: pulsar-chaos run --spec test.toml", ""]
+        bugs = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "bugs":
+                bugs = v
+                continue
+            lines.append(f"{f.name} = {_toml_value(v)}")
+        lines += ["", "[bugs]"]
+        for k, v in sorted(bugs.items()):
+            lines.append(f"{_toml_value(k)} = {_toml_value(v)}")
+        return "\n".join(lines) + "\n"
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {v!r} to TOML")
+
+
+FIELD_TYPES = {f.name: f for f in fields(TestSpec)}
+
+
+def from_mapping(raw: dict[str, Any], source: str = "") -> TestSpec:
+    """A spec from a TOML table (keys with - or _), defaults for what is missing."""
+    d: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = key.replace("-", "_")
+        if name not in FIELD_TYPES:
+            raise SpecError(key, "unknown field", f"remove it; known fields: {', '.join(FIELD_TYPES)}", source)
+        d[name] = value
+    if isinstance(d.get("nemesis"), str):
+        d["nemesis"] = parse_nemesis_list(d["nemesis"])
+    for name in ("nemesis_interval", "time_limit", "rate", "settle", "final_read_timeout"):
+        if isinstance(d.get(name), int) and not isinstance(d.get(name), bool):
+            d[name] = float(d[name])
+    try:
+        return TestSpec(**d).validate(source)
+    except TypeError as e:
+        raise SpecError("spec", str(e), "check the field names", source) from None
+
+
+def load(path: Path | str) -> dict[str, Any]:
+    """The raw table of a TOML spec file (validated later, together with any flags)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise SpecError("--spec", f"{path} does not exist", "give the path of a test.toml") from None
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError("--spec", f"{path} is not valid TOML ({e})", "fix the syntax at that line") from None
+    except OSError as e:
+        raise SpecError("--spec", f"cannot read {path} ({e.strerror})", "check the path") from None
+
+
+def parse_nemesis_list(s: str) -> list[str]:
+    s = s.strip()
+    if s in ("", "none"):
+        return []
+    return [x.strip() for x in s.split(",") if x.strip()]
