@@ -10,6 +10,7 @@ import logging
 from typing import Any
 
 from clusters.bookkeeper.client import BookKeeper
+from clusters.broker.http import serve_http
 from clusters.broker.managed_ledger import (ManagedLedger, ManagedLedgerError, ManagedLedgerFenced,
                                             ml_name)
 from clusters.broker.ownership import Bundle, LookupResult, Ownership, topic_namespace
@@ -48,6 +49,7 @@ class BrokerService:
                                    name=self.config.name).start()
         # Listen before registering: a registered broker must be reachable.
         self.server = await serve_connections(self, self.config.host, self.config.port)
+        self.http = await serve_http(self)          # the admin HTTP API (clusters/broker/http.py)
         await self.ownership.start()
         log.info("broker %s serving %s", self.config.name, self.config.service_url)
         return self
@@ -56,6 +58,8 @@ class BrokerService:
         """Graceful shutdown: close topics (their ledgers), release bundles, disconnect."""
         if self.server is not None:
             self.server.close()
+        if getattr(self, "http", None) is not None:
+            await self.http.close()
         for name in list(self.topics):
             await self._unload_topic(name)
         try:
