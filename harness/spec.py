@@ -14,7 +14,12 @@ from typing import Any
 from clusters import bugs as bug_knobs
 
 WORKLOADS = ("log",)
-NEMESES = ("partition", "kill", "pause", "zk-isolate")
+DEFAULT_NEMESES = ("partition", "kill", "pause", "zk-isolate")
+
+
+def _nemesis_names() -> tuple[str, ...]:
+    from nemesis import NAMES       # the nemesis registry is the one list of fault names
+    return NAMES
 BACKENDS = ("netns",)
 
 
@@ -31,7 +36,7 @@ class SpecError(ValueError):
 class TestSpec:
     test_name: str = "log-chaos"
     workload: str = "log"
-    nemesis: list[str] = field(default_factory=lambda: list(NEMESES))
+    nemesis: list[str] = field(default_factory=lambda: list(DEFAULT_NEMESES))
     nemesis_interval: float = 10.0          # seconds a fault lasts, and seconds between faults
     time_limit: float = 60.0                # seconds of workload (and faults)
     rate: float = 200.0                     # target ops/s over all client processes
@@ -58,10 +63,14 @@ class TestSpec:
             raise err("test_name", f"{self.test_name!r} is not a folder name", "use letters, digits, - and _")
         if self.workload not in WORKLOADS:
             raise err("workload", f"unknown workload {self.workload!r}", f"use one of {', '.join(WORKLOADS)}")
+        known = _nemesis_names()
+        if not isinstance(self.nemesis, list):
+            raise err("nemesis", f"must be a list of names, not {self.nemesis!r}",
+                      f"use a comma list of {', '.join(known)}, or none")
         for n in self.nemesis:
-            if n not in NEMESES:
+            if n not in known:
                 raise err("nemesis", f"unknown nemesis {n!r}",
-                          f"use a comma list of {', '.join(NEMESES)}, or none")
+                          f"use a comma list of {', '.join(known)}, or none")
         for name, lo in (("nemesis_interval", 0.5), ("time_limit", 1.0), ("rate", 0.1), ("settle", 0.0),
                          ("final_read_timeout", 1.0)):
             v = getattr(self, name)

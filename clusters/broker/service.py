@@ -41,6 +41,7 @@ class BrokerService:
         self._loading: dict[str, asyncio.Future] = {}
         self.connections: set[Any] = set()
         self.server: asyncio.AbstractServer | None = None
+        self.http: Any = None
 
     async def start(self) -> "BrokerService":
         from clusters.broker.connection import serve_connections
@@ -58,7 +59,7 @@ class BrokerService:
         """Graceful shutdown: close topics (their ledgers), release bundles, disconnect."""
         if self.server is not None:
             self.server.close()
-        if getattr(self, "http", None) is not None:
+        if self.http is not None:
             await self.http.close()
         for name in list(self.topics):
             await self._unload_topic(name)
