@@ -7,7 +7,7 @@ setup:
 	@./scripts/setup.sh
 
 run: setup
-	$(VENV)/bin/pulsar-chaos demo
+	$(VENV)/bin/pulsar-chaos run --time-limit 60
 
 test: setup
 	$(VENV)/bin/pytest $(PYTEST_ARGS)

@@ -292,6 +292,122 @@ def _cluster_heal(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------ run, check, report
+
+EXIT_USAGE = 254            # `run`/`check`/`report`: a malformed spec, flag or run folder (Jepsen's)
+
+
+def _usage_error(message: str) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(EXIT_USAGE)
+
+
+def _strict_usage(p: argparse.ArgumentParser) -> None:
+    """This subcommand's argparse errors, unknown arguments included, exit 254 with one line."""
+    p.error = lambda message: _usage_error(f"{message} (fix: see `{p.prog} --help`)")  # type: ignore
+    parse_known = p.parse_known_args
+
+    def strict(args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        ns, extras = parse_known(args, namespace)
+        if extras:
+            p.error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns, []
+    p.parse_known_args = strict  # type: ignore[method-assign]
+
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    # argparse errors of `run` are usage errors: exit 254 with one line, like a bad spec
+    _strict_usage(p)
+    p.add_argument("--spec", metavar="FILE", default=None,
+                   help="a TOML test spec (e.g. a run's test.toml); flags given here override it")
+    p.add_argument("--workload", default=None, metavar="NAME", help="workload (default log)")
+    p.add_argument("--nemesis", default=None, metavar="LIST",
+                   help="comma list of partition, kill, pause, zk-isolate, or none (default: all four)")
+    p.add_argument("--nemesis-interval", type=float, default=None, metavar="S",
+                   help="seconds a fault lasts and seconds between faults (default 10)")
+    p.add_argument("--time-limit", type=float, default=None, metavar="S", help="seconds of workload (default 60)")
+    p.add_argument("--rate", type=float, default=None, metavar="N", help="target ops/s over all clients (default 200)")
+    p.add_argument("--concurrency", type=int, default=None, metavar="N", help="logical client processes (default 6)")
+    p.add_argument("--topics", type=int, default=None, metavar="N", help="topics (default 2)")
+    p.add_argument("--brokers", type=int, default=None, metavar="N", help="brokers (default 2)")
+    p.add_argument("--bookies", type=int, default=None, metavar="N", help="bookies (default 3)")
+    p.add_argument("--zookeepers", type=int, default=None, metavar="N", help="ZooKeeper nodes: 1, 3 or 5 (default 1)")
+    p.add_argument("--ensemble", type=int, default=None, metavar="N", help="bookies per ledger, E (default 3)")
+    p.add_argument("--write-quorum", type=int, default=None, metavar="N", help="copies of each entry, Qw (default 2)")
+    p.add_argument("--ack-quorum", type=int, default=None, metavar="N", help="acks before an add succeeds, Qa (default 2)")
+    p.add_argument("--bug", action="append", default=None, metavar="KEY[=VALUE]",
+                   help="turn on a bug knob of the reference system (repeatable)")
+    p.add_argument("--seed", type=int, default=None, metavar="N", help="random seed (default: a random one, saved in test.toml)")
+    p.add_argument("--test-name", default=None, metavar="NAME", help="the run folder's parent name (default log-chaos)")
+    p.add_argument("--results-dir", default=None, metavar="DIR", help="where run folders go (default results)")
+    p.add_argument("--backend", default=None, metavar="NAME", help="deployment backend (default netns)")
+    p.add_argument("--settle", type=float, default=None, metavar="S",
+                   help="seconds between healing and the final reads (default 10)")
+    p.add_argument("--final-read-timeout", type=float, default=None, metavar="S",
+                   help="seconds the final read of a topic may take (default 60)")
+
+
+_RUN_FLAGS = ("workload", "nemesis", "nemesis_interval", "time_limit", "rate", "concurrency", "topics", "brokers",
+              "bookies", "zookeepers", "ensemble", "write_quorum", "ack_quorum", "seed", "test_name",
+              "results_dir", "backend", "settle", "final_read_timeout")
+
+
+@command("run", "run a chaos test: deploy a cluster, drive the workload under faults, check the history, "
+                "write the report (exit 0 valid, 1 invalid, 2 unknown, 254 bad spec, 255 crashed)", _run_args)
+def _run(args: argparse.Namespace) -> int:
+    from clusters import bugs
+    from clusters.deploy.backend import ClusterError
+    from harness import runner
+    from harness.spec import SpecError
+    overrides = {k: getattr(args, k) for k in _RUN_FLAGS}
+    try:
+        if args.bug:
+            try:
+                overrides["bugs"] = bugs.parse(args.bug)
+            except bugs.UnknownBugKnob as e:
+                raise SpecError("--bug", str(e), "drop that --bug or use a known knob") from None
+        spec = runner.spec_from_args(args.spec, overrides)
+        runner.preflight(spec)           # root, iproute2, iptables, ZooKeeper: before any run folder
+    except (SpecError, ClusterError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return runner.run(spec)
+    except SpecError as e:               # e.g. a results dir that cannot be written
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _run_dir_arg(p: argparse.ArgumentParser) -> None:
+    _strict_usage(p)
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder, e.g. results/latest")
+
+
+@command("check", "re-run the checkers on a run folder from disk, rewrite results.json, print the verdict "
+                  "(exit 0 valid, 1 invalid, 2 unknown)", _run_dir_arg)
+def _check(args: argparse.Namespace) -> int:
+    from harness import runner
+    from harness.history import HistoryError
+    try:
+        return runner.recheck(args.run_dir)
+    except HistoryError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+@command("report", "re-render a run folder's report.html and print its path", _run_dir_arg)
+def _report(args: argparse.Namespace) -> int:
+    from harness import runner
+    from harness.history import HistoryError
+    from harness.report import ReportError
+    try:
+        print(runner.rereport(args.run_dir))
+    except (HistoryError, ReportError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    return 0
+
+
 # ------------------------------------------------------------------------------------ plumbing
 
 def _add_subcommands(parser: argparse.ArgumentParser, registry: dict[str, Subcommand], dest: str) -> None:

@@ -1,0 +1,148 @@
+"""`pulsar-chaos run/check/report` without a cluster: usage errors exit 254 with one line naming the
+field and its fix and create no run folder; flags override the TOML; test.toml re-runs the same spec."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from harness import runner, store
+from harness.spec import SpecError
+from harness.spec import TestSpec as Spec
+
+EXE = os.path.join(os.path.dirname(sys.executable), "pulsar-chaos")
+
+
+def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _one_line_error(out: subprocess.CompletedProcess, *words: str) -> str:
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    line = lines[0]
+    assert line.startswith("error: ") and "fix" in line and "Traceback" not in out.stderr, line
+    for w in words:
+        assert w in line, line
+    return line
+
+
+@pytest.mark.parametrize("toml, words", [
+    ("time_limit = 10\nno_such_field = 3\n", ["no_such_field", "unknown field"]),
+    ("time_limit = -5\n", ["time_limit", ">= 1.0"]),
+    ("nemesis = \"partition,chaos-monkey\"\n", ["nemesis", "chaos-monkey"]),
+    ("concurrency = \"six\"\n", ["concurrency"]),
+    ("ensemble = 2\nwrite_quorum = 3\n", ["ack_quorum", "ensemble >= write_quorum"]),
+    ("time_limit = = 3\n", ["not valid TOML"]),
+    ("[bugs]\n\"no.such\" = true\n", ["bugs", "no.such"]),
+])
+def test_malformed_spec_file_exits_254_without_run_folder(tmp_path, toml, words):
+    spec = tmp_path / "spec.toml"
+    spec.write_text(toml + f'results_dir = "{tmp_path / "results"}"\n' if "= =" not in toml else toml)
+    out = run("run", "--spec", str(spec), "--results-dir", str(tmp_path / "results"))
+    assert out.returncode == 254, out.stderr
+    line = _one_line_error(out, *words)
+    assert str(spec) in line                      # names the file
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--time-limit", "soon"], ["--time-limit", "invalid float value"]),
+    (["--concurrency", "0"], ["--concurrency", "from 1 to 256"]),
+    (["--nemesis", "partition,meteor"], ["--nemesis", "meteor"]),
+    (["--bug", "no.such_knob"], ["--bug", "no.such_knob"]),
+    (["--zookeepers", "2"], ["--zookeepers", "majority"]),
+    (["--workload", "bank"], ["--workload", "bank"]),
+    (["--test-name", "a/b"], ["--test-name"]),
+    (["--test-name", "latest"], ["test_name", "reserved"]),
+    (["--no-such-flag"], ["unrecognized arguments"]),
+])
+def test_bad_flag_exits_254_without_run_folder(tmp_path, args, words):
+    out = run("run", "--results-dir", str(tmp_path / "results"), *args)
+    assert out.returncode == 254, (out.returncode, out.stderr)
+    _one_line_error(out, *words)
+    assert not (tmp_path / "results" / "log-chaos").exists()
+    assert not list((tmp_path / "results").glob("*/*")) if (tmp_path / "results").exists() else True
+
+
+def test_missing_spec_file(tmp_path):
+    out = run("run", "--spec", str(tmp_path / "none.toml"))
+    assert out.returncode == 254
+    _one_line_error(out, "--spec", "does not exist")
+
+
+def test_flags_override_the_toml_and_only_flags_given(tmp_path):
+    spec = tmp_path / "spec.toml"
+    spec.write_text('test_name = "from-file"\ntime_limit = 30\nrate = 50\nnemesis = ["kill"]\nseed = 7\n'
+                    '[bugs]\n"bookie.ack_before_fsync" = true\n')
+    s = runner.spec_from_args(spec, {"time_limit": 12.0, "rate": None, "nemesis": "pause,partition",
+                                     "bugs": {"broker.recovery_fencing": False}})
+    assert s.test_name == "from-file" and s.seed == 7 and s.rate == 50.0          # from the file
+    assert s.time_limit == 12.0 and s.nemesis == ["pause", "partition"]            # from the flags
+    assert s.bugs == {"bookie.ack_before_fsync": True, "broker.recovery_fencing": False}
+    assert runner.spec_from_args(None, {}) == Spec()                           # defaults
+    with pytest.raises(SpecError) as e:
+        runner.spec_from_args(spec, {"rate": -1.0})
+    assert e.value.field == "--rate"
+    with pytest.raises(SpecError) as e:
+        runner.spec_from_args(None, {"nemesis": "none", "time_limit": 0.5})
+    assert e.value.field == "--time-limit"
+
+
+def test_test_toml_round_trips_to_the_same_resolved_spec(tmp_path):
+    spec = Spec(test_name="rt", nemesis=["kill", "pause"], time_limit=12.5, rate=33.0, concurrency=4,
+                    bugs={"bookie.ack_before_fsync": True}, results_dir=str(tmp_path)).validate().resolved()
+    assert spec.seed > 0
+    run_dir = store.create_run_dir(tmp_path, spec.test_name)
+    path = store.write_test_toml(run_dir, spec)
+    again = runner.spec_from_args(path, {})
+    assert again == spec
+    assert again.resolved() == spec                  # the seed is fixed: re-running keeps it
+    assert store.load_spec(run_dir) == spec
+    assert runner.spec_from_args(path, {"seed": 5}).seed == 5
+
+
+def test_check_and_report_bad_run_dir_are_one_line(tmp_path):
+    for cmd in ("check", "report"):
+        out = run(cmd, str(tmp_path / "missing"))
+        assert out.returncode == 254 and out.stdout == ""
+        _one_line_error(out, "no such run folder")
+        out = run(cmd, str(tmp_path))
+        assert out.returncode == 254
+        _one_line_error(out, "not a run folder")
+    out = run("check")
+    assert out.returncode == 254
+    _one_line_error(out, "RUN_DIR")
+
+
+def _journal_line(**d) -> str:
+    base = {"process": 0, "type": "invoke", "f": "send", "key": "t", "value": None, "message_id": None,
+            "node": "", "error": "", "time_ns": 0}
+    base.update(d)
+    return json.dumps(base) + "\n"
+
+
+def test_check_and_report_on_a_killed_run_and_on_a_corrupt_history(tmp_path):
+    spec = Spec(test_name="k", results_dir=str(tmp_path)).resolved()
+    run_dir = store.create_run_dir(tmp_path, "k")
+    store.write_test_toml(run_dir, spec)
+    mid = {"ledger_id": 1, "entry_id": 0, "partition": -1, "batch_index": -1}
+    (run_dir / "journals" / "worker-0.jsonl").write_text(
+        _journal_line(time_ns=1, value=5) + _journal_line(type="ok", time_ns=2, value=5, message_id=mid)
+        + _journal_line(time_ns=3, value=6)[:40])          # torn: the runner was SIGKILLed
+    out = run("check", str(run_dir))
+    assert out.returncode == 2, out.stderr                # journals only, no results.json: unknown
+    assert "unknown" in out.stdout and "did not finish" in out.stdout
+    assert (run_dir / "history.jsonl").exists() and (run_dir / "history.parquet").exists()
+    res = json.loads((run_dir / "results.json").read_text())
+    assert res["valid"] == "unknown" and res["exit_code"] == 2 and "log" in res["checkers"]
+    out = run("report", str(run_dir))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(run_dir / "report.html") and (run_dir / "report.html").exists()
+    (run_dir / "history.jsonl").write_text(_journal_line(time_ns=1) + "{oops\n" + _journal_line(time_ns=2))
+    out = run("check", str(run_dir))
+    assert out.returncode == 254
+    _one_line_error(out, f"{run_dir / 'history.jsonl'}:2")

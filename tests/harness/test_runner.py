@@ -1,0 +1,74 @@
+"""The runner's promise without a cluster: a failing step still tears down, merges what was journaled,
+writes results.json (unknown, with the error) and the report."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from harness import runner, store
+from harness.history import Journal, Op
+from harness.spec import TestSpec as Spec
+
+
+class _FakeCluster:
+    def __init__(self, base: Path):
+        self.base_dir = base
+        self.downs = 0
+        (base / "nodes" / "zk-1" / "data" / "version-2").mkdir(parents=True)
+        (base / "nodes" / "zk-1" / "node.log").write_text("zk says hi\n")
+        (base / "nodes" / "zk-1" / "data" / "version-2" / "log.1").write_bytes(b"x" * 10)
+
+    def down(self):
+        self.downs += 1
+
+
+def _run(tmp_path, fail_in: str) -> tuple[int, Path, _FakeCluster | None]:
+    spec = Spec(test_name="fake", results_dir=str(tmp_path), nemesis=[]).resolved()
+    run_dir = store.create_run_dir(tmp_path, spec.test_name)
+    store.write_test_toml(run_dir, spec)
+    r = runner.Run(spec, run_dir, out=open(run_dir / "out.txt", "w"))
+    fake = _FakeCluster(tmp_path / "cluster")
+
+    def deploy():
+        if fail_in == "deploy":
+            raise RuntimeError("no namespaces today")
+        r.cluster = fake
+
+    def workload():
+        r.t0_ns = 0
+        j = Journal(store.worker_journal(run_dir, 0), 0)
+        inv = j.append(Op(process=0, type="invoke", f="send", key="t", value=1))
+        j.append(inv.complete("info", error="Timeout"))
+        j.close()
+        raise RuntimeError("boom")
+
+    r._deploy, r._workload = deploy, workload
+    code = r.execute()
+    return code, run_dir, (fake if fail_in != "deploy" else None)
+
+
+def test_failed_step_still_tears_down_merges_and_reports(tmp_path):
+    code, run_dir, fake = _run(tmp_path, "workload")
+    assert code == 2
+    assert fake is not None and fake.downs == 1
+    res = json.loads((run_dir / "results.json").read_text())
+    assert res["valid"] == "unknown" and res["exit_code"] == 2
+    assert res["error"] == "workload: RuntimeError: boom" and res["run"]["step"] == "workload"
+    assert "log" in res["checkers"]
+    assert [op.f for op in store.load_history(run_dir)] == ["send", "send"]
+    assert (run_dir / "history.parquet").exists() and (run_dir / "report.html").exists()
+    assert (run_dir / "nodes" / "zk-1" / "node.log").read_text() == "zk says hi\n"
+    assert "version-2/log.1" in (run_dir / "nodes" / "zk-1" / "data-listing.txt").read_text()
+    assert "verdict: unknown" in (run_dir / "out.txt").read_text()
+    assert "boom" in (run_dir / "runner.log").read_text()
+
+
+def test_failed_deploy_records_the_error(tmp_path):
+    code, run_dir, _ = _run(tmp_path, "deploy")
+    assert code == 2
+    res = json.loads((run_dir / "results.json").read_text())
+    assert res["error"] == "deploy: RuntimeError: no namespaces today"
+    assert (run_dir / "history.jsonl").read_text() == "" and (run_dir / "report.html").exists()
+    # check keeps the run's own error: an unfinished run stays unknown
+    assert runner.recheck(run_dir, out=None) == 2
+    assert json.loads((run_dir / "results.json").read_text())["error"] == "deploy: RuntimeError: no namespaces today"
