@@ -345,11 +345,13 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                    help="seconds between healing and the final reads (default 10)")
     p.add_argument("--final-read-timeout", type=float, default=None, metavar="S",
                    help="seconds the final read of a topic may take (default 60)")
+    p.add_argument("--client-lifetime", type=float, default=None, metavar="S",
+                   help="seconds a producer lives before a new one looks its topic up again (default 3; 0 never)")
 
 
 _RUN_FLAGS = ("workload", "nemesis", "nemesis_interval", "time_limit", "rate", "concurrency", "topics", "brokers",
               "bookies", "zookeepers", "ensemble", "write_quorum", "ack_quorum", "seed", "test_name",
-              "results_dir", "backend", "settle", "final_read_timeout")
+              "results_dir", "backend", "settle", "final_read_timeout", "client_lifetime")
 
 
 @command("run", "run a chaos test: deploy a cluster, drive the workload under faults, check the history, "

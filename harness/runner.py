@@ -114,7 +114,7 @@ class Run:
         self.errors: list[str] = []
         self.timings: dict[str, float | None] = {k: None for k in (
             "deploy_s", "first_op_s", "workload_s", "heal_s", "settle_s", "final_reads_s", "teardown_s",
-            "merge_s", "check_s", "report_s", "last_op_to_report_s", "total_s")}
+            "merge_s", "check_s", "report_s", "last_op_to_report_s", "run_to_first_op_s", "total_s")}
         self.cluster: Any = None
         self.cluster_name = f"r{uuid.uuid4().hex[:5]}"
         self.service_url = ""
@@ -347,6 +347,7 @@ class Run:
             first = next((op.time_ns for op in history if op.process >= 0), None)
             if first is not None:
                 self.timings["first_op_s"] = round(self.t0_ns / 1e9 + first / 1e9 - self.deployed_at, 3)
+                self.timings["run_to_first_op_s"] = round(self.t0_ns / 1e9 + first / 1e9 - self.started_mono, 3)
         t = time.monotonic()
         results: dict[str, CheckResult] = {}
         check_errors: list[str] = []

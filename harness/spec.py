@@ -52,6 +52,8 @@ class TestSpec:
     seed: int = 0                           # 0: pick one at random (recorded in test.toml)
     results_dir: str = "results"
     backend: str = "netns"
+    client_lifetime: float = 3.0            # seconds a producer lives before the workload makes a new
+                                            # one (which looks its topic up again); 0: never
     settle: float = 10.0                    # seconds after heal before the final reads
     final_read_timeout: float = 60.0        # seconds the final reads may take per topic
 
@@ -72,7 +74,7 @@ class TestSpec:
                 raise err("nemesis", f"unknown nemesis {n!r}",
                           f"use a comma list of {', '.join(known)}, or none")
         for name, lo in (("nemesis_interval", 0.5), ("time_limit", 1.0), ("rate", 0.1), ("settle", 0.0),
-                         ("final_read_timeout", 1.0)):
+                         ("final_read_timeout", 1.0), ("client_lifetime", 0.0)):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v < lo:
                 raise err(name, f"must be a number >= {lo}, not {v!r}", f"set {name} to a number >= {lo}")
@@ -150,7 +152,7 @@ def from_mapping(raw: dict[str, Any], source: str = "") -> TestSpec:
         d[name] = value
     if isinstance(d.get("nemesis"), str):
         d["nemesis"] = parse_nemesis_list(d["nemesis"])
-    for name in ("nemesis_interval", "time_limit", "rate", "settle", "final_read_timeout"):
+    for name in ("nemesis_interval", "time_limit", "rate", "settle", "final_read_timeout", "client_lifetime"):
         if isinstance(d.get(name), int) and not isinstance(d.get(name), bool):
             d[name] = float(d[name])
     try:

@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=watch_parent, daemon=True).start()
 
     print(f"{time.strftime('%H:%M:%S')} {name}: pid {os.getpid()}, {cluster['service_url']}", flush=True)
-    session = workload.Session(cluster["service_url"], f"{run_dir.name[-6:]}-{name}", nodes_by_host, sys.stdout)
+    session = workload.Session(cluster["service_url"], f"{run_dir.name[-6:]}-{name}", nodes_by_host, sys.stdout,
+                               producer_lifetime=0.0 if args.final_reads else spec.client_lifetime)
     crashed: list[str] = []
 
     def guarded(fn, *a) -> None:

@@ -151,9 +151,15 @@ class Session:
     again when they break, and the broker each was last (re)created on."""
 
     def __init__(self, service_url: str, name: str, nodes_by_host: dict[str, str] | None = None,
-                 out: TextIO = sys.stdout):
+                 out: TextIO = sys.stdout, producer_lifetime: float = 0.0):
         import pulsar
         self.name = name
+        # Producers are replaced after about this many seconds (0: never). Real clients come and go;
+        # each new producer looks its topic up again, through any broker of the service URL, which is
+        # how another broker comes to take over a topic whose owner lost its ZooKeeper session.
+        self.producer_lifetime = producer_lifetime
+        self._born: dict[tuple[str, bool], float] = {}
+        self._jitter = random.Random(name)
         self.log = _ClientLog(out, nodes_by_host or {})
         logger = logging.getLogger(f"pulsar-client.{name}")
         logger.setLevel(logging.INFO)
@@ -171,25 +177,46 @@ class Session:
         with self._lock:
             return self._making.setdefault(key, threading.Lock())
 
+    def _expired(self, key: tuple[str, bool]) -> bool:
+        return (self.producer_lifetime > 0
+                and time.monotonic() - self._born.get(key, time.monotonic()) > self.producer_lifetime)
+
     def producer(self, topic: str, batched: bool) -> Any:
         key = (topic, batched)
         p = self._producers.get(key)
-        if p is not None:
+        if p is not None and not self._expired(key):
             return p
         with self._maker_lock(key):             # one creation at a time per producer
             p = self._producers.get(key)
+            if p is not None and self._expired(key):
+                try:
+                    p = self._make_producer(topic, batched)
+                except Exception:
+                    self._born[key] = time.monotonic()     # keep the old one; try again later
+                    return p
+                old, self._producers[key] = self._producers.get(key), p
+                if old is not None:
+                    _close_later(old, SEND_TIMEOUT_MS / 1000 + 5)   # its sends end on their own first
+                return p
             if p is None:
-                with self._lock:
-                    self._generation += 1
-                    gen = self._generation
-                name = f"{self.name}-{topic.rsplit('-', 1)[-1]}-{'b' if batched else 'u'}{gen}"
-                kw: dict[str, Any] = dict(producer_name=name, send_timeout_millis=SEND_TIMEOUT_MS,
-                                          block_if_queue_full=False)
-                if batched:
-                    kw.update(batching_enabled=True, batching_max_publish_delay_ms=BATCH_DELAY_MS)
-                p = self.client.create_producer(topic, **kw)
+                p = self._make_producer(topic, batched)
                 self._producers[key] = p
             return p
+
+    def _make_producer(self, topic: str, batched: bool) -> Any:
+        key = (topic, batched)
+        with self._lock:
+            self._generation += 1
+            gen = self._generation
+        name = f"{self.name}-{topic.rsplit('-', 1)[-1]}-{'b' if batched else 'u'}{gen}"
+        kw: dict[str, Any] = dict(producer_name=name, send_timeout_millis=SEND_TIMEOUT_MS,
+                                  block_if_queue_full=False)
+        if batched:
+            kw.update(batching_enabled=True, batching_max_publish_delay_ms=BATCH_DELAY_MS)
+        p = self.client.create_producer(topic, **kw)
+        # lifetimes spread over 0.75-1.25x so producers are not all replaced at once
+        self._born[key] = time.monotonic() - self.producer_lifetime * (self._jitter.random() - 0.5) / 2
+        return p
 
     def drop_producer(self, topic: str, batched: bool, p: Any) -> None:
         with self._lock:
@@ -238,6 +265,12 @@ def _quiet(fn: Callable[[], Any]) -> Callable[[], None]:
 
 def _close_in_background(obj: Any) -> None:
     threading.Thread(target=_quiet(obj.close), daemon=True).start()
+
+
+def _close_later(obj: Any, delay: float) -> None:
+    timer = threading.Timer(delay, _quiet(obj.close))
+    timer.daemon = True
+    timer.start()
 
 
 def _err(e: BaseException) -> str:
