@@ -113,7 +113,7 @@ class Journal:
             d = op.to_json()
             d["seq"] = self._seq            # tie-breaker for equal times within one journal
             self._seq += 1
-            self._f.write(json.dumps(d, separators=(",", ":"), default=_json_default) + "\n")
+            self._f.write(json.dumps(d, separators=(",", ":"), default=json_default) + "\n")
         return op
 
     def sync(self) -> None:
@@ -128,13 +128,16 @@ class Journal:
                 self._f.close()
 
 
-def _json_default(o: Any) -> Any:
+def json_default(o: Any, strict: bool = True) -> Any:
+    """json.dumps' default= for history values; strict=False writes anything else as str()."""
     if isinstance(o, MessageId):
         return asdict(o)
     if isinstance(o, (set, frozenset)):
         return sorted(o)
     if isinstance(o, bytes):
         return o.decode("utf-8", "replace")
+    if not strict:
+        return str(o)
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
 
@@ -168,7 +171,7 @@ def write_jsonl(ops: Iterable[Op], path: Path | str) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         for op in ops:
-            f.write(json.dumps(op.to_json(), separators=(",", ":"), default=_json_default) + "\n")
+            f.write(json.dumps(op.to_json(), separators=(",", ":"), default=json_default) + "\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -3,6 +3,7 @@ Parquet), results.json and the report; and how `check`/`report` read it all back
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -11,7 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from harness.history import CheckResult, HistoryError, MessageId, Op, read_jsonl, write_jsonl
+from harness.history import CheckResult, HistoryError, MessageId, Op, json_default, read_jsonl, write_jsonl
 from harness.spec import SpecError, TestSpec, from_mapping, load
 
 RUN_FOLDER_FORMAT = "%Y%m%dT%H%M%S"
@@ -206,7 +207,7 @@ def history_table(history: list[Op]):
         cols["f"].append(op.f)
         cols["key"].append(op.key)
         cols["value"].append(None if op.value is None else json.dumps(op.value, separators=(",", ":"),
-                                                                       default=_json_default))
+                                                                       default=_lenient_json))
         cols["message_id"].append(asdict(op.message_id) if op.message_id is not None else None)
         cols["node"].append(op.node)
         cols["error"].append(op.error)
@@ -245,14 +246,7 @@ def write_parquet(history: list[Op], run_dir: Path) -> None:
         os.replace(tmp, path)
 
 
-def _json_default(o: Any) -> Any:
-    if isinstance(o, MessageId):
-        return asdict(o)
-    if isinstance(o, (set, frozenset)):
-        return sorted(o)
-    if isinstance(o, bytes):
-        return o.decode("utf-8", "replace")
-    return str(o)
+_lenient_json = functools.partial(json_default, strict=False)
 
 
 # ------------------------------------------------------------------------------------ results
@@ -281,7 +275,7 @@ def write_results(run_dir: Path, *, valid: bool | str, exit_code: int, error: st
     }
     data.update(extra)
     path = Path(run_dir) / RESULTS_JSON
-    _write_text_atomic(path, json.dumps(data, indent=2, default=_json_default) + "\n")
+    _write_text_atomic(path, json.dumps(data, indent=2, default=_lenient_json) + "\n")
     return path
 
 
@@ -297,7 +291,7 @@ def read_results(run_dir: Path) -> dict[str, Any] | None:
 
 
 def write_json(path: Path, data: Any) -> None:
-    _write_text_atomic(Path(path), json.dumps(data, indent=2, default=_json_default) + "\n")
+    _write_text_atomic(Path(path), json.dumps(data, indent=2, default=_lenient_json) + "\n")
 
 
 def _write_text_atomic(path: Path, text: str) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from clusters.deploy.backend import Cluster
+from clusters.protocol.topics import normalize_topic
 
 SERVER_ROLES = ("zookeeper", "bookie", "broker")
 LOOKUP_TIMEOUT = 3.0          # seconds per broker asked
@@ -25,16 +26,6 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 class NemesisError(RuntimeError):
     """A fault that could not be performed (or undone); journaled as `info` with this message."""
-
-
-def normalize_topic(topic: str) -> str:
-    """`t`, `tenant/ns/t` or `persistent://tenant/ns/t` -> `persistent://tenant/ns/t` (as clients expand it)."""
-    if "://" in topic:
-        return topic
-    parts = topic.split("/")
-    if len(parts) == 1:
-        return f"persistent://public/default/{topic}"
-    return f"persistent://{topic}"
 
 
 def lookup_url(admin_url: str, topic: str, authoritative: bool = False) -> str:

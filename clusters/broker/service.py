@@ -16,19 +16,10 @@ from clusters.broker.managed_ledger import (ManagedLedger, ManagedLedgerError, M
 from clusters.broker.ownership import Bundle, LookupResult, Ownership, topic_namespace
 from clusters.broker.topic import ServiceUnitNotReady, Topic
 from clusters.config import BrokerConfig
+from clusters.protocol.topics import normalize_topic
 from clusters.metadata.store import MetadataStore
 
 log = logging.getLogger(__name__)
-
-
-def normalize_topic(topic: str) -> str:
-    """Short names (`t`, `public/default/t`) as the client expands them: persistent://public/default/t."""
-    if "://" in topic:
-        return topic
-    parts = topic.split("/")
-    if len(parts) == 1:
-        return f"persistent://public/default/{topic}"
-    return f"persistent://{topic}"
 
 
 class BrokerService:
