@@ -23,6 +23,25 @@ class _ProcessNemesis(Nemesis):
             raise NemesisError(f"{self.name}: the cluster has no {' or '.join(self.roles)} nodes")
         return {"node": ctx.rng.choice(pool)}
 
+    def _refuse(self, node: Any) -> str | None:
+        """Why this fault cannot hit a running node now (None: it can)."""
+        return None
+
+    def _apply(self, ctx: NemesisContext, name: str) -> None:
+        raise NotImplementedError
+
+    def start(self, ctx: NemesisContext, plan: dict[str, Any] | None = None) -> dict[str, Any]:
+        self._check_idle()
+        plan = plan if plan is not None else self.choose(ctx)
+        node = ctx.cluster.node(plan["node"])
+        problem = "is not running" if not node.alive else self._refuse(node)
+        if problem:
+            raise NemesisError(f"{self.name}: {node.name} {problem}")
+        value = {"node": node.name, "role": node.role, "pid": node.pid}
+        self.applied = value                 # before the side effect, so a half-done start is undone
+        self._apply(ctx, node.name)
+        return value
+
     def describe(self) -> str:
         if not self.applied:
             return self.name
@@ -34,16 +53,8 @@ class KillNemesis(_ProcessNemesis):
 
     name = "kill"
 
-    def start(self, ctx: NemesisContext, plan: dict[str, Any] | None = None) -> dict[str, Any]:
-        self._check_idle()
-        plan = plan if plan is not None else self.choose(ctx)
-        node = ctx.cluster.node(plan["node"])
-        if not node.alive:
-            raise NemesisError(f"kill: {node.name} is not running")
-        value = {"node": node.name, "role": node.role, "pid": node.pid}
-        self.applied = value
-        ctx.cluster.kill(node.name)
-        return value
+    def _apply(self, ctx: NemesisContext, name: str) -> None:
+        ctx.cluster.kill(name)
 
     def stop(self, ctx: NemesisContext) -> dict[str, Any]:
         if self.applied is None:
@@ -63,18 +74,11 @@ class PauseNemesis(_ProcessNemesis):
 
     name = "pause"
 
-    def start(self, ctx: NemesisContext, plan: dict[str, Any] | None = None) -> dict[str, Any]:
-        self._check_idle()
-        plan = plan if plan is not None else self.choose(ctx)
-        node = ctx.cluster.node(plan["node"])
-        if not node.alive:
-            raise NemesisError(f"pause: {node.name} is not running")
-        if node.paused:
-            raise NemesisError(f"pause: {node.name} is already paused")
-        value = {"node": node.name, "role": node.role, "pid": node.pid}
-        self.applied = value
-        ctx.cluster.pause(node.name)
-        return value
+    def _refuse(self, node: Any) -> str | None:
+        return "is already paused" if node.paused else None
+
+    def _apply(self, ctx: NemesisContext, name: str) -> None:
+        ctx.cluster.pause(name)
 
     def stop(self, ctx: NemesisContext) -> dict[str, Any]:
         if self.applied is None:
