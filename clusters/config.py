@@ -25,6 +25,7 @@ class NodeConfig:
 class BookieConfig(NodeConfig):
     role: str = "bookie"
     port: int = 3181
+    http_port: int = 8000                   # /metrics and status (BookKeeper's httpServerPort)
     journal_sync_data: bool = True          # BookKeeper's journalSyncData: fsync before ack
     journal_max_group_wait_ms: float = 2.0  # group commit window (journalMaxGroupWaitMSec)
     journal_max_group_bytes: int = 512 * 1024
@@ -52,6 +53,12 @@ class BrokerConfig(NodeConfig):
     max_ledger_age_s: float = 4 * 3600.0
     add_timeout_s: float = 5.0              # BookKeeper addEntryTimeout
     max_message_size: int = 5 * 1024 * 1024
+    # namespace policy defaults (clusters/broker/policies.py); Pulsar's defaultRetentionTimeInMinutes,
+    # defaultRetentionSizeInMB, ttlDurationDefaultInSeconds, brokerDeduplicationEnabled
+    default_retention_minutes: int = 0
+    default_retention_size_mb: int = 0
+    default_message_ttl_s: int = 0
+    deduplication_enabled: bool = False
 
     @property
     def service_url(self) -> str:

@@ -24,18 +24,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from http import HTTPStatus
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+
+from clusters.httpd import (HttpError, HttpServer, Request, Response, error, http_get, http_request,  # noqa: F401
+                            parse_request_head)
 
 log = logging.getLogger(__name__)
 
-MAX_HEAD = 16 * 1024                 # request line + headers
-MAX_BODY = 64 * 1024
-MAX_RESPONSE = 1024 * 1024           # what we read back when following a redirect
-MAX_CONNECTIONS = 256
-HEAD_TIMEOUT = 10.0                  # to receive a request's head once it started
-IDLE_TIMEOUT = 30.0                  # a kept-alive connection with no new request
 HOP_TIMEOUT = 8.0                    # asking the broker a lookup was redirected to
 ZK_READ_TIMEOUT = 3.0
 MAX_REDIRECTS = 2
@@ -43,253 +38,34 @@ BROKERS_PATH = "/loadbalance/brokers"
 ML_ROOT = "/managed-ledgers"
 
 
-class HttpError(Exception):
-    def __init__(self, status: int, reason: str):
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-
-
-class _Request:
-    __slots__ = ("method", "path", "segments", "query", "version", "headers", "keep_alive")
-
-    def __init__(self, method: str, path: str, segments: list[str], query: dict[str, list[str]],
-                 version: str, headers: dict[str, str], keep_alive: bool):
-        self.method = method
-        self.path = path
-        self.segments = segments
-        self.query = query
-        self.version = version
-        self.headers = headers
-        self.keep_alive = keep_alive
-
-    def flag(self, name: str) -> bool:
-        values = self.query.get(name)
-        return bool(values) and values[-1].strip().lower() in ("true", "1", "yes")
-
-
-class _Response:
-    __slots__ = ("status", "body", "content_type", "headers")
-
-    def __init__(self, status: int, body: Any, content_type: str | None = None,
-                 headers: dict[str, str] | None = None):
-        self.status = status
-        if isinstance(body, (bytes, bytearray)):
-            self.body = bytes(body)
-            self.content_type = content_type or "application/octet-stream"
-        elif isinstance(body, str):
-            self.body = body.encode()
-            self.content_type = content_type or "text/plain; charset=utf-8"
-        else:
-            self.body = json.dumps(body).encode()
-            self.content_type = content_type or "application/json"
-        self.headers = headers or {}
-
-
-def _error(status: int, reason: str) -> _Response:
-    return _Response(status, {"reason": reason})
-
-
-def parse_request_head(head: bytes) -> _Request:
-    """Parse `METHOD target HTTP/1.x` and headers; HttpError(400...) on anything malformed."""
-    try:
-        text = head.decode("latin-1")
-    except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes every byte
-        raise HttpError(400, "undecodable request") from None
-    lines = text.split("\r\n")
-    while lines and lines[-1] == "":
-        lines.pop()
-    if not lines:
-        raise HttpError(400, "empty request")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not all(parts):
-        raise HttpError(400, "malformed request line")
-    method, target, version = parts
-    if version not in ("HTTP/1.0", "HTTP/1.1"):
-        raise HttpError(505 if version.startswith("HTTP/") else 400, f"unsupported version {version[:16]!r}")
-    if not method.isalpha() or not method.isupper():
-        raise HttpError(400, "malformed method")
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip() or any(c in name for c in " \t"):
-            raise HttpError(400, "malformed header line")
-        headers[name.lower()] = value.strip()
-    if any(ord(c) < 0x21 or ord(c) > 0x7e for c in target):
-        raise HttpError(400, "malformed request target")
-    try:
-        split = urlsplit(target)
-    except ValueError:
-        raise HttpError(400, "malformed request target") from None
-    path = split.path
-    if not path.startswith("/"):
-        raise HttpError(400, "request target must be an absolute path")
-    try:
-        segments = [unquote(s, errors="strict") if "%" in s else s for s in path.split("/")[1:]]
-    except UnicodeDecodeError:
-        raise HttpError(400, "malformed percent-encoding in path") from None
-    try:
-        query = parse_qs(split.query, keep_blank_values=True, max_num_fields=32)
-    except ValueError:
-        raise HttpError(400, "malformed query string") from None
-    conn = headers.get("connection", "").lower()
-    if version == "HTTP/1.1":
-        keep_alive = "close" not in conn
-    else:
-        keep_alive = "keep-alive" in conn
-    return _Request(method, path, segments, query, version, headers, keep_alive)
-
-
-class AdminHttpServer:
+class AdminHttpServer(HttpServer):
     """The admin HTTP server of one broker (a BrokerService: config, store, lookup(), topics)."""
 
+    NAME = "admin HTTP"
+
     def __init__(self, service: Any):
+        super().__init__(service.config.host, service.config.http_port)
         self.service = service
         self.cfg = service.config
-        self.server: asyncio.AbstractServer | None = None
-        self._connections: set[asyncio.StreamWriter] = set()
-
-    @property
-    def port(self) -> int:
-        assert self.server is not None and self.server.sockets
-        return self.server.sockets[0].getsockname()[1]
-
-    async def start(self, host: str | None = None, port: int | None = None) -> "AdminHttpServer":
-        host = self.cfg.host if host is None else host
-        port = self.cfg.http_port if port is None else port
-        self.server = await asyncio.start_server(self._serve_connection, host, port, limit=MAX_HEAD,
-                                                 reuse_address=True)
-        log.info("admin HTTP on %s:%d", host, self.port)
-        return self
-
-    async def close(self) -> None:
-        if self.server is None:
-            return
-        self.server.close()
-        for w in list(self._connections):
-            w.close()
-        try:
-            await asyncio.wait_for(self.server.wait_closed(), 2.0)
-        except (asyncio.TimeoutError, Exception):
-            pass
-        self.server = None
-
-    # -- connections ----------------------------------------------------------------
-    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if len(self._connections) >= MAX_CONNECTIONS:
-            try:
-                await self._send(writer, _error(503, "too many connections"), keep_alive=False, head_only=False)
-            except ConnectionError:
-                pass
-            writer.close()
-            return
-        self._connections.add(writer)
-        try:
-            first = True
-            while True:
-                req, resp = await self._read_request(reader, first)
-                first = False
-                if req is None and resp is None:
-                    return                          # the client closed (or idled out) between requests
-                if resp is None:
-                    assert req is not None
-                    resp = await self._respond(req)
-                keep = req is not None and req.keep_alive
-                await self._send(writer, resp, keep_alive=keep,
-                                 head_only=req is not None and req.method == "HEAD")
-                if not keep:
-                    return
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
-            pass
-        except Exception:  # never let one connection take the server down
-            log.warning("admin HTTP connection failed", exc_info=True)
-        finally:
-            self._connections.discard(writer)
-            try:
-                writer.close()
-            except Exception:
-                pass
-
-    async def _read_request(self, reader: asyncio.StreamReader,
-                            first: bool) -> tuple[_Request | None, _Response | None]:
-        """(request, None) to dispatch, (None/request, response) to answer at once, (None, None) to close."""
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"),
-                                          HEAD_TIMEOUT if first else IDLE_TIMEOUT)
-        except asyncio.IncompleteReadError as e:
-            if not e.partial.strip():
-                return None, None
-            return None, _error(400, "incomplete request")
-        except asyncio.LimitOverrunError:
-            return None, _error(431, f"request head larger than {MAX_HEAD} bytes")
-        except asyncio.TimeoutError:
-            return None, None if not first else _error(408, "request not received in time")
-        except ValueError:          # the limit was hit inside readuntil
-            return None, _error(431, f"request head larger than {MAX_HEAD} bytes")
-        try:
-            req = parse_request_head(head)
-        except HttpError as e:
-            return None, _error(e.status, e.reason)
-        if "transfer-encoding" in req.headers:
-            return None, _error(501, "chunked request bodies are not supported")
-        length_s = req.headers.get("content-length", "0") or "0"
-        if not length_s.isdigit():
-            return None, _error(400, "malformed Content-Length")
-        length = int(length_s)
-        if length > MAX_BODY:
-            return None, _error(413, f"request body larger than {MAX_BODY} bytes")
-        if length:
-            try:
-                await asyncio.wait_for(reader.readexactly(length), HEAD_TIMEOUT)
-            except asyncio.IncompleteReadError:
-                return None, _error(400, "incomplete request body")
-            except asyncio.TimeoutError:
-                return None, _error(408, "request body not received in time")
-        return req, None
-
-    @staticmethod
-    async def _send(writer: asyncio.StreamWriter, resp: _Response, *, keep_alive: bool, head_only: bool) -> None:
-        try:
-            phrase = HTTPStatus(resp.status).phrase
-        except ValueError:
-            phrase = "Status"
-        lines = [f"HTTP/1.1 {resp.status} {phrase}", f"Content-Type: {resp.content_type}",
-                 f"Content-Length: {len(resp.body)}", "Connection: " + ("keep-alive" if keep_alive else "close")]
-        lines.extend(f"{k}: {v}" for k, v in resp.headers.items())
-        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
-        if not head_only:
-            writer.write(resp.body)
-        await writer.drain()
 
     # -- routing ----------------------------------------------------------------------
-    async def _respond(self, req: _Request) -> _Response:
-        if req.method not in ("GET", "HEAD"):
-            return _Response(405, {"reason": f"method {req.method} not allowed"}, headers={"Allow": "GET, HEAD"})
-        try:
-            return await self._route(req)
-        except HttpError as e:
-            return _error(e.status, e.reason)
-        except Exception as e:
-            log.warning("admin HTTP %s failed", req.path, exc_info=True)
-            return _error(500, f"{type(e).__name__}: {e}")
-
-    async def _route(self, req: _Request) -> _Response:
+    async def route(self, req: Request) -> Response:
         s = req.segments
         if s[:3] == ["admin", "v2", "brokers"] and len(s) == 4:
             if s[3] == "health":
-                return _Response(200, "ok")
+                return Response(200, "ok")
             if s[3] == "ready":
                 if self.service.store.connected:
-                    return _Response(200, "ok")
-                return _error(503, "no ZooKeeper session")
+                    return Response(200, "ok")
+                return error(503, "no ZooKeeper session")
         if s[:3] == ["lookup", "v2", "topic"] and len(s) >= 7:
             topic = self._topic(s[3], s[4:])
-            return _Response(200, await self.lookup(topic, req.flag("authoritative")))
+            return Response(200, await self.lookup(topic, req.flag("authoritative")))
         if s[:2] == ["admin", "v2"] and len(s) >= 7 and s[-1] in ("partitions", "internalStats"):
             topic = self._topic(s[2], s[3:-1])
             if s[-1] == "partitions":
-                return _Response(200, {"partitions": 0})
-            return _Response(200, await self.internal_stats(topic))
+                return Response(200, {"partitions": 0})
+            return Response(200, await self.internal_stats(topic))
         raise HttpError(404, f"no such resource: {req.path[:200]}")
 
     @staticmethod
@@ -401,40 +177,6 @@ def _pos(p: Any) -> str:
 def _ledger_json(i: dict[str, Any]) -> dict[str, Any]:
     return {"ledgerId": int(i["ledger_id"]), "entries": i.get("entries"), "size": int(i.get("size") or 0),
             "timestamp": i.get("timestamp", 0)}
-
-
-async def http_get(url: str, timeout: float) -> tuple[int, bytes]:
-    """A minimal HTTP/1.1 GET (one request, Connection: close): (status, body). Bounded in time and size."""
-    async def go() -> tuple[int, bytes]:
-        u = urlsplit(url)
-        if u.scheme != "http" or not u.hostname:
-            raise ValueError(f"not an http URL: {url!r}")
-        reader, writer = await asyncio.open_connection(u.hostname, u.port or 80, limit=MAX_RESPONSE)
-        try:
-            target = u.path + (f"?{u.query}" if u.query else "")
-            writer.write(f"GET {target} HTTP/1.1\r\nHost: {u.netloc}\r\nAccept: application/json\r\n"
-                         f"Connection: close\r\n\r\n".encode("latin-1"))
-            await writer.drain()
-            head = await reader.readuntil(b"\r\n\r\n")
-            status_line, *header_lines = head.decode("latin-1").split("\r\n")
-            parts = status_line.split(" ", 2)
-            if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
-                raise ValueError(f"malformed status line {status_line[:80]!r}")
-            length = None
-            for line in header_lines:
-                k, _, v = line.partition(":")
-                if k.strip().lower() == "content-length" and v.strip().isdigit():
-                    length = int(v.strip())
-            if length is not None:
-                if length > MAX_RESPONSE:
-                    raise ValueError("response too large")
-                body = await reader.readexactly(length)
-            else:
-                body = await reader.read(MAX_RESPONSE)
-            return int(parts[1]), body
-        finally:
-            writer.close()
-    return await asyncio.wait_for(go(), timeout)
 
 
 async def serve_http(service: Any) -> AdminHttpServer:

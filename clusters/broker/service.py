@@ -11,6 +11,7 @@ from typing import Any
 
 from clusters.bookkeeper.client import BookKeeper
 from clusters.broker.http import serve_http
+from clusters.broker.policies import PolicyCache
 from clusters.broker.managed_ledger import (ManagedLedger, ManagedLedgerError, ManagedLedgerFenced,
                                             ml_name)
 from clusters.broker.ownership import Bundle, LookupResult, Ownership, topic_namespace
@@ -28,6 +29,7 @@ class BrokerService:
         self.store = MetadataStore(cfg.zk, session_timeout=cfg.zk_session_timeout, name=cfg.name)
         self.bk: Any = None
         self.ownership = Ownership(self.store, cfg, on_lost=self._bundle_lost)
+        self.policies = PolicyCache(self.store, cfg)       # namespace policies (clusters/broker/policies.py)
         self.topics: dict[str, Topic] = {}
         self._loading: dict[str, asyncio.Future] = {}
         self.connections: set[Any] = set()

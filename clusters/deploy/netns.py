@@ -39,7 +39,7 @@ ROLE_STOP_ORDER = (("broker", "client"), ("bookie",), ("zookeeper",))
 PORTS = {
     "zookeeper": {"client": zookeeper.CLIENT_PORT, "peer": zookeeper.PEER_PORT,
                   "election": zookeeper.ELECTION_PORT},
-    "bookie": {"bookie": 3181},
+    "bookie": {"bookie": 3181, "http": 8000},
     "broker": {"pulsar": 6650, "http": 8080},
     "client": {},
 }
@@ -419,11 +419,14 @@ class NetnsCluster(Cluster):
                     common = dict(name=name, host=n["host"], zk=zk_connect, data_dir=n["data_dir"],
                                   bugs=dict(spec.bugs))
                     if role == "bookie":
-                        cfg: node_config.NodeConfig = node_config.BookieConfig(port=n["ports"]["bookie"], **common)
+                        cfg: node_config.NodeConfig = node_config.BookieConfig(
+                            port=n["ports"]["bookie"], http_port=n["ports"]["http"],
+                            **{**common, **spec.bookie_config})
                     else:
                         cfg = node_config.BrokerConfig(port=n["ports"]["pulsar"], http_port=n["ports"]["http"],
                                                        ensemble=spec.ensemble, write_quorum=spec.write_quorum,
-                                                       ack_quorum=spec.ack_quorum, **common)
+                                                       ack_quorum=spec.ack_quorum,
+                                                       **{**common, **spec.broker_config})
                     node_config.write(cfg, Path(config))
                     n["config"] = config
                     argv = self.commands[role](self._node_of(n))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,10 @@ class ClusterSpec:
     ack_quorum: int = 2
     clients: int = 1
     bugs: dict[str, Any] = field(default_factory=dict)
+    # extra settings for every node of a role (field names of clusters.config.BookieConfig /
+    # BrokerConfig), e.g. {"max_entries_per_ledger": 100} for brokers
+    bookie_config: dict[str, Any] = field(default_factory=dict)
+    broker_config: dict[str, Any] = field(default_factory=dict)
     base_dir: Path | None = None       # default ROOT/<name>
     subnet: str | None = None          # an IPv4 /24; default: the first free 10.213.X.0/24
 
@@ -67,6 +71,13 @@ class ClusterSpec:
         except bug_knobs.UnknownBugKnob as ex:
             known = ", ".join(sorted(bug_knobs.KNOBS))
             raise SpecError(f"unknown bug knob {ex.args[0]!r}", f"use one of: {known}") from None
+        from clusters import config as node_config
+        for role, extra, cls in (("bookie", self.bookie_config, node_config.BookieConfig),
+                                 ("broker", self.broker_config, node_config.BrokerConfig)):
+            known = {f.name for f in fields(cls)} - {"name", "role", "host", "zk", "data_dir", "bugs"}
+            bad = sorted(set(extra) - known)
+            if bad:
+                raise SpecError(f"unknown {role} setting(s) {bad}", f"use one of: {', '.join(sorted(known))}")
         if self.subnet is not None:
             try:
                 net = ipaddress.IPv4Network(self.subnet)

@@ -166,6 +166,16 @@ class MetadataStore:
                 loop.call_soon_threadsafe(fn, list(children or []))
         self._zk.ChildrenWatch(path, on_change)
 
+    def watch_data(self, path: str, fn: Callable[[bytes | None], Any]) -> None:
+        """fn(data or None when the node is absent) runs on the event loop now and on every change."""
+        loop = self._loop
+        assert loop is not None, "start() first"
+
+        def on_change(data: bytes | None, stat: Any, event: Any = None) -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(fn, data if stat is not None else None)
+        self._zk.DataWatch(path, on_change)
+
 
 def is_disconnected(exc: BaseException) -> bool:
     return isinstance(exc, Disconnected)
