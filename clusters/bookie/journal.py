@@ -34,7 +34,12 @@ from typing import Callable
 
 import crc32c
 
+from clusters.metrics import REGISTRY
+
 log = logging.getLogger(__name__)
+
+FSYNC_SECONDS = REGISTRY.histogram("bookie_journal_sync_seconds", "journal fdatasync latency")
+
 
 MAGIC = b"PCJRNL01"
 REC_HEAD = struct.Struct(">II")            # body length, crc32c(body)
@@ -294,12 +299,16 @@ class Journal:
         with self._files_lock:
             self._files[-1][1] = max(self._files[-1][1], seq_hi)
         if sync:
+            t0 = time.perf_counter()
             os.fdatasync(self._fd)
+            FSYNC_SECONDS.observe(time.perf_counter() - t0)
             self.stats["fsyncs"] += 1
 
     def _sync(self) -> None:
         if self._fd is not None:
+            t0 = time.perf_counter()
             os.fdatasync(self._fd)
+            FSYNC_SECONDS.observe(time.perf_counter() - t0)
             self.stats["fsyncs"] += 1
 
     async def _periodic_sync(self) -> None:

@@ -20,8 +20,10 @@ import crc32c
 from clusters import bugs
 from clusters.config import BookieConfig
 from clusters.metadata.store import MetadataStore, NodeExists, NoNode
+from clusters.metrics import REGISTRY
 
 from . import protocol as P
+from .http import BookieHttpServer
 from .journal import T_ADD, T_DELETE, T_FENCE, Journal
 from .storage import CorruptEntry, LedgerStorage
 
@@ -31,6 +33,11 @@ AVAILABLE = "/ledgers/available"
 # pause reading a connection while this many of its adds wait for the journal
 MAX_INFLIGHT_PER_CONN = 20000
 RESUME_INFLIGHT = 10000
+
+
+ADDS = REGISTRY.counter("bookie_adds_total", "entries added (acknowledged or about to be)")
+READS = REGISTRY.counter("bookie_reads_total", "entry reads served")
+FENCES = REGISTRY.counter("bookie_fences_total", "ledgers fenced by recovery reads")
 
 
 class _Conn(asyncio.Protocol):
@@ -115,6 +122,7 @@ class Bookie:
         self.storage = LedgerStorage(self.data_dir, write_cache_bytes=cfg.write_cache_mb << 20,
                                      read_cache_bytes=cfg.read_cache_mb << 20)
         self.server: asyncio.AbstractServer | None = None
+        self.http: BookieHttpServer | None = None
         self.store: MetadataStore | None = None
         self._tasks: list[asyncio.Task] = []
         self._ckpt_wake = asyncio.Event()
@@ -155,6 +163,8 @@ class Bookie:
                  self.cfg.bookie_id, self.cfg.journal_sync_data, self.journal.ack_before_fsync)
         self._tasks.append(self.loop.create_task(self._checkpointer(), name="checkpointer"))
         self._tasks.append(self.loop.create_task(self._registration(), name="registration"))
+        if self.cfg.http_port:
+            self.http = await BookieHttpServer(self).start()    # /metrics, /heartbeat, state
         return self
 
     async def stop(self) -> None:
@@ -166,6 +176,8 @@ class Bookie:
                 pass
         if self.server is not None:
             self.server.close()
+        if self.http is not None:
+            await self.http.close()
         for c in list(self.conns):
             c.closed = True
             c.transport.close()
@@ -320,6 +332,7 @@ class Bookie:
                                         entry))
         self.journal.log_add(ledger, entry, lac, length, crc, payload, done)
         self.stats["adds"] += 1
+        ADDS.inc()
         if self.storage.cache_full:
             self._ckpt_wake.set()
 
@@ -333,6 +346,7 @@ class Bookie:
         fut = self.loop.create_future()
         st.fence_fut = fut
         self.stats["fences"] += 1
+        FENCES.inc()
 
         def done(exc: BaseException | None) -> None:
             if st.fence_fut is fut:
@@ -375,6 +389,7 @@ class Bookie:
 
     def _read(self, conn: _Conn, flags: int, rid: int, ledger: int, entry: int) -> None:
         self.stats["reads"] += 1
+        READS.inc()
 
         def respond() -> None:
             st = self.storage.ledgers.get(ledger)

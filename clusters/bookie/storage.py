@@ -28,7 +28,14 @@ from pathlib import Path
 
 import crc32c
 
+from clusters.metrics import REGISTRY
+
 log = logging.getLogger(__name__)
+
+CACHE_HITS = REGISTRY.counter("bookie_read_cache_hits_total",
+                              "reads answered from the write cache or the read cache")
+CACHE_MISSES = REGISTRY.counter("bookie_read_cache_misses_total", "reads that went to the entry logs")
+
 
 ELOG_HEAD = struct.Struct(">IQqqqI")   # payload_len, ledger, entry, lac, length, crc
 ELOG_MAGIC = b"PCELOG01"
@@ -252,7 +259,9 @@ class LedgerStorage:
         """The entry, or None if this bookie does not have it; raises CorruptEntry."""
         e = self.cached(ledger, entry)
         if e is not None:
+            CACHE_HITS.inc()
             return e
+        CACHE_MISSES.inc()
         # join a disk read (with read-ahead) already covering this entry
         for lo, hi, fut in self._inflight.get(ledger, ()):
             if lo <= entry < hi:

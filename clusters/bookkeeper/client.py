@@ -27,6 +27,7 @@ from kazoo.exceptions import KazooException
 
 from clusters.bookie import protocol as P
 from clusters.metadata.store import BadVersion, MetadataStore, NodeExists, NoNode
+from clusters.metrics import REGISTRY
 
 from . import quorum
 from .channel import ChannelPool
@@ -37,6 +38,13 @@ from .metadata import (AVAILABLE, CLOSED, IDGEN, IN_RECOVERY, LEDGERS, OPEN, Led
                        ledger_path, parse_ledger_path)
 
 log = logging.getLogger(__name__)
+
+ENSEMBLE_CHANGES = REGISTRY.counter("bookkeeper_client_ensemble_changes_total",
+                                    "ensemble changes of ledgers written by this process")
+RECOVERIES = REGISTRY.counter("bookkeeper_client_ledger_recoveries_total",
+                              "ledger recoveries (open with recovery) run by this process", ["fence"])
+PENDING_ADDS = REGISTRY.gauge("bookkeeper_client_pending_adds",
+                              "adds sent and not yet acknowledged by an ack quorum")
 
 ZK_RETRY_FOR = 15.0          # seconds of ZooKeeper connection trouble tolerated per operation
 ZK_OP_TIMEOUT = 10.0         # one ZooKeeper call (zkTimeout)
@@ -220,6 +228,7 @@ class BookKeeper:
     async def _recover(self, md: LedgerMetadata, fence: bool) -> LedgerMetadata:
         lid = md.ledger_id
         last_key = md.last_ensemble_key()
+        RECOVERIES.inc(1, str(fence).lower())
         max_lac = await self._read_lac_quorum(md, fencing=fence, recovery=True)
         lac = max(max_lac, last_key - 1)
         log.info("recovering ledger %d (fence=%s): max LAC %d, start %d, ensemble %s",
@@ -506,6 +515,7 @@ class LedgerHandle:
         op = _PendingAdd(eid, data, self.length, crc32c.crc32c(data), fut,
                          self._write_sets[eid % self.E])
         self._pending.append(op)
+        PENDING_ADDS.inc()
         if not self._changing:
             self._send(op, op.ws)
         return fut
@@ -523,6 +533,7 @@ class LedgerHandle:
         op = _PendingAdd(eid, data, length, crc32c.crc32c(data), fut,
                          self._write_sets[eid % self.E])
         self._pending.append(op)
+        PENDING_ADDS.inc()
         if not self._changing:
             self._send(op, op.ws)
         return fut
@@ -625,6 +636,7 @@ class LedgerHandle:
             if not op.completed:
                 break
             p.popleft()
+            PENDING_ADDS.inc(-1)
             self.last_add_confirmed = op.entry_id
             self.confirmed_length = op.length
             if not op.fut.done():
@@ -645,6 +657,7 @@ class LedgerHandle:
         if sticky and self._error is None:
             self._error = err
         pending, self._pending = self._pending, deque()
+        PENDING_ADDS.inc(-len(pending))
         for op in pending:
             if not op.fut.done():
                 op.fut.set_exception(self._copy_error(err))
@@ -707,6 +720,7 @@ class LedgerHandle:
         exclude = set(self.ensemble) | set(failed.values())
         new_bookies = await self.bk._choose_bookies(len(failed), exclude)
         new_key = self.last_add_confirmed + 1
+        ENSEMBLE_CHANGES.inc()
         log.info("ledger %d: ensemble change at entry %d: %s -> %s", self.ledger_id, new_key,
                  {self.ensemble[i]: None for i in failed}, new_bookies)
 

@@ -31,7 +31,7 @@ class BookieProc:
         self.dir = base / name
         self.dir.mkdir(parents=True, exist_ok=True)
         self.cfg = BookieConfig(name=name, host="127.0.0.1", zk=zk, data_dir=str(self.dir / "data"),
-                                port=free_port(), **settings)
+                                port=free_port(), **{"http_port": free_port(), **settings})
         self.cfg_path = node_config.write(self.cfg, self.dir / "config.json")
         self.proc: subprocess.Popen | None = None
         self.log_path = self.dir / "bookie.log"

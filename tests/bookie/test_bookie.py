@@ -306,3 +306,46 @@ def test_reregisters_after_znode_loss_and_restart(bookies, zk):
         finally:
             await store.close()
     asyncio.run(scenario())
+
+
+def test_bookie_http_metrics_and_state(bookies):
+    """The bookie's HTTP port: Prometheus metrics that move with traffic, state, 404 with a hint."""
+    import urllib.error
+    import urllib.request
+
+    from clusters.metrics import parse
+    (b,) = bookies.start(1)
+    base = f"http://127.0.0.1:{b.cfg.http_port}"
+
+    def get(path):
+        try:
+            with urllib.request.urlopen(base + path, timeout=10) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            status, text = get("/heartbeat")
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "bookie HTTP port never answered"
+            time.sleep(0.2)
+    assert (status, text.strip()) == (200, "OK")
+    before = parse(get("/metrics")[1])
+    assert "bookie_journal_sync_seconds_count" in before
+
+    async def adds():
+        c = await RawClient(b.cfg.port).connect()
+        for i in range(5):
+            assert (await c.add(7, i, b"x%d" % i))[1] == P.OK
+        await c.close()
+    asyncio.run(adds())
+    after = parse(get("/metrics")[1])
+    assert after["bookie_adds_total"] == before["bookie_adds_total"] + 5
+    assert after["bookie_journal_sync_seconds_count"] > before["bookie_journal_sync_seconds_count"]
+    assert after["bookie_ledgers"] >= 1
+    status, text = get("/api/v1/bookie/state")
+    assert status == 200 and json.loads(text)["bookieId"] == b.addr
+    status, text = get("/nope")
+    assert status == 404 and "/metrics" in json.loads(text)["reason"]

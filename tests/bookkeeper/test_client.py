@@ -124,8 +124,10 @@ def test_close_waits_for_in_flight_adds(bookies, zk):
 
 
 def test_kill9_bookie_mid_stream_ensemble_change(bookies, zk):
+    from clusters.bookkeeper.client import ENSEMBLE_CHANGES, PENDING_ADDS
     procs = bookies.start(4)
     by_addr = {b.addr: b for b in procs}
+    changes_before, pending_before = ENSEMBLE_CHANGES.value(), PENDING_ADDS.value()
 
     async def scenario():
         async with client(zk, 4, add_timeout=3.0) as bk:
@@ -156,6 +158,9 @@ def test_kill9_bookie_mid_stream_ensemble_change(bookies, zk):
             assert len(md.ensembles) >= 2, md.ensembles
             assert victim.addr not in md.current_ensemble
             assert lh.ensemble_changes >= 1
+            # the process's metrics saw it: one change counted per change, nothing left pending
+            assert ENSEMBLE_CHANGES.value() - changes_before == lh.ensemble_changes
+            assert PENDING_ADDS.value() == pending_before
             # nothing acknowledged is lost: read everything back through a fresh reader
             await lh.close()
             rh = await bk.open_ledger(lh.ledger_id, recovery=False)
@@ -175,8 +180,11 @@ def test_recovery_fences_the_old_writer(bookies, zk):
             last_acked = await lh.add_entry(data(200))
             # some adds still in flight while the other client recovers
             inflight = [lh.add_entry_async(data(i)) for i in range(201, 260)]
+            from clusters.bookkeeper.client import RECOVERIES
+            fenced_before = RECOVERIES.value("true")
             rh = await bk2.open_ledger(lh.ledger_id, recovery=True)
             assert rh.metadata.state == CLOSED
+            assert RECOVERIES.value("true") == fenced_before + 1
             results = await asyncio.gather(*inflight, return_exceptions=True)
             acked = [r for r in results if isinstance(r, int)]
             last_acked = max([last_acked] + acked)
