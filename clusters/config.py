@@ -32,6 +32,13 @@ class BookieConfig(NodeConfig):
     flush_interval_ms: int = 1000           # checkpoint: write cache -> entry log + index
     write_cache_mb: int = 64
     read_cache_mb: int = 64
+    # auto-recovery (clusters/autorecovery/), run inside the bookie process as with BookKeeper's
+    # autoRecoveryDaemonEnabled: an auditor elected among the bookies + a replication worker each
+    autorecovery_enabled: bool = True
+    lost_bookie_recovery_delay_s: float = 5.0       # lostBookieRecoveryDelay: a bookie gone this long is lost
+    audit_interval_s: float = 300.0                 # auditorPeriodicCheckInterval: full audit (0 = off)
+    open_ledger_rereplication_grace_s: float = 30.0  # openLedgerRereplicationGracePeriod, then fence
+    rereplication_backoff_s: float = 1.0            # rwRereplicateBackoffMs: worker poll / first retry delay
 
     @property
     def bookie_id(self) -> str:
@@ -50,9 +57,24 @@ class BrokerConfig(NodeConfig):
     bundles: int = 4                        # bundles per namespace (hash ranges of topic names)
     max_entries_per_ledger: int = 50000
     max_ledger_size_mb: int = 256
-    max_ledger_age_s: float = 4 * 3600.0
+    max_ledger_age_s: float = 4 * 3600.0    # managedLedgerMaxLedgerRolloverTimeMinutes (also a timer)
+    min_ledger_rollover_s: float = 0.0      # managedLedgerMinLedgerRolloverTimeMinutes (Pulsar: 10 min)
+    # cursors (clusters/broker/managed_ledger.py): managedLedgerDefaultMarkDeleteRateLimit,
+    # managedLedgerCursorMaxEntriesPerLedger, managedLedgerCursorRolloverTimeInSeconds,
+    # managedLedgerMaxUnackedRangesToPersist(InMetadataStore)
+    cursor_mark_delete_rate: float = 1.0    # cursor position writes per second per cursor (0: no limit)
+    cursor_max_entries_per_ledger: int = 50000
+    cursor_ledger_rollover_s: float = 14400.0
+    cursor_max_unacked_ranges: int = 10000
+    cursor_max_unacked_ranges_in_zk: int = 1000
+    # housekeeping: retentionCheckIntervalInSeconds (Pulsar: 120), messageExpiryCheckIntervalInMinutes (5)
+    retention_check_interval_s: float = 60.0
+    message_expiry_check_interval_s: float = 60.0
     add_timeout_s: float = 5.0              # BookKeeper addEntryTimeout
     max_message_size: int = 5 * 1024 * 1024
+    # consumers (clusters/broker/topic.py): Pulsar's acknowledgmentAtBatchIndexLevelEnabled (off by
+    # default there too: a partial batch ack is ignored and the whole batch comes back)
+    acknowledgment_at_batch_index_level_enabled: bool = False
     # namespace policy defaults (clusters/broker/policies.py); Pulsar's defaultRetentionTimeInMinutes,
     # defaultRetentionSizeInMB, ttlDurationDefaultInSeconds, brokerDeduplicationEnabled
     default_retention_minutes: int = 0

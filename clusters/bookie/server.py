@@ -447,7 +447,13 @@ class Bookie:
 async def serve(cfg: BookieConfig, stop: asyncio.Event) -> None:
     bookie = Bookie(cfg)
     await bookie.start()
+    # auto-recovery (auditor candidate + replication worker) in this process, as BookKeeper's
+    # autoRecoveryDaemonEnabled; it connects in the background and stops before the bookie
+    from clusters.autorecovery import start_in_bookie
+    recovery = await start_in_bookie(cfg)
     try:
         await stop.wait()
     finally:
+        if recovery is not None:
+            await recovery.stop()
         await bookie.stop()
