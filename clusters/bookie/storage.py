@@ -13,6 +13,12 @@ swaps the cache out, appends it to the current entry log, fsyncs it, then commit
 rows, the ledger states and the checkpoint mark in one SQLite transaction; the journal can
 then drop files below the mark.  Reads look in the write cache, the cache being flushed,
 an LRU read cache, then the index + entry log (in a reader thread).
+
+Deleting a ledger drops it from memory at once (reads answer NoSuchLedger) and its index rows at
+the next checkpoint; after a checkpoint that deleted ledgers, entry logs (other than the one being
+written) that no index row points into any more are removed from disk, as BookKeeper's
+GarbageCollectorThread does for logs whose ledgers are all deleted. (Not done: compaction of logs
+that still hold some live entries.)
 """
 from __future__ import annotations
 
@@ -116,6 +122,7 @@ class LedgerStorage:
         self._read_lock = threading.Lock()
         self.checkpoint_seq = 0
         self._ckpt_lock = asyncio.Lock()
+        self.gc_removed_logs: list[int] = []      # entry logs garbage-collected since start
 
     # -- open / close --------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
@@ -364,7 +371,38 @@ class LedgerStorage:
             finally:
                 self._flushing = None
             self.checkpoint_seq = max(self.checkpoint_seq, mark)
+            if deleted:
+                try:
+                    removed = await loop.run_in_executor(self._read_exec, self._gc_logs, self._log_id)
+                except Exception:  # noqa: BLE001 - space is reclaimed at a later checkpoint
+                    log.warning("entry log garbage collection failed", exc_info=True)
+                else:
+                    if removed:
+                        self.gc_removed_logs.extend(removed)
+                        log.info("garbage-collected entry logs %s (all their ledgers deleted)", removed)
             return True
+
+    def _gc_logs(self, current: int) -> list[int]:
+        """Runs in the read thread (so no read holds a descriptor being closed): remove the entry
+        logs below `current` (the one being written) that no index row refers to."""
+        live = {r[0] for r in self._rdb.execute("SELECT DISTINCT log FROM entries")}
+        removed = []
+        for p in sorted(self.log_dir.glob("*.log")):
+            if not p.stem.isdigit():
+                continue
+            log_id = int(p.stem)
+            if log_id >= current or log_id in live:
+                continue
+            with self._read_lock:
+                fd = self._read_fds.pop(log_id, None)
+            if fd is not None:
+                os.close(fd)
+            try:
+                p.unlink()
+            except FileNotFoundError:
+                continue
+            removed.append(log_id)
+        return removed
 
     def _flush(self, cache: dict, states: dict, deleted: set, mark: int) -> None:
         """Runs in the flush thread."""

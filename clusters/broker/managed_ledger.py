@@ -1,7 +1,11 @@
 """A topic's storage, as Pulsar's ManagedLedger: a chain of BookKeeper ledgers listed in ZooKeeper.
 
 Opening it on a new owner recovers (fences and closes) the previous owner's last ledger before a new
-ledger is created and CAS-appended to the list; cursors persist their mark-delete position in ZooKeeper.
+ledger is created and CAS-appended to the list. Ledgers roll over by entry count, size and age (a
+timer). Durable cursors (`ManagedCursor`) keep their mark-delete position and individually deleted
+ranges in a cursor ledger of their own, which their znode points to, as Pulsar's ManagedCursorImpl.
+A housekeeping task expires messages past the namespace's TTL and trims ledgers that every durable
+cursor has passed and retention no longer needs (Pulsar's internalTrimLedgers).
 """
 from __future__ import annotations
 
@@ -10,9 +14,11 @@ import collections
 import functools
 import json
 import logging
+import math
+import random
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from clusters import bugs as bug_knobs
 from clusters.bookkeeper.errors import (BKError, BKLedgerClosedError, BKLedgerFencedError,
@@ -23,6 +29,10 @@ from clusters.metadata.store import BadVersion, MetadataStore, NodeExists, NoNod
 log = logging.getLogger(__name__)
 
 ML_ROOT = "/managed-ledgers"
+MB = 1024 * 1024
+
+
+SYSTEM_CURSOR_PREFIX = "pulsar."   # cursors the broker keeps for itself (pulsar.dedup), not subscriptions
 
 
 @dataclass(frozen=True, order=True)
@@ -56,12 +66,27 @@ def _path(name: str) -> str:
     return f"{ML_ROOT}/{name}"
 
 
+def namespace_of(name: str) -> str:
+    """`public/default/persistent/t` -> `public/default` (the namespace whose policies apply)."""
+    parts = name.split("/")
+    return "/".join(parts[:2]) if len(parts) >= 3 else ""
+
+
+def _publish_time(entry: bytes) -> int | None:
+    """The publish time (ms) in a stored entry's metadata; None when it cannot be parsed."""
+    from clusters.protocol import frames
+    try:
+        return int(frames.entry_metadata(entry).publish_time)
+    except Exception:  # noqa: BLE001 - an unreadable entry never expires by TTL
+        return None
+
+
 @dataclass
 class LedgerInfo:
     ledger_id: int
     entries: int | None = None      # None while the ledger is open (its owner is writing it)
     size: int = 0
-    timestamp: float = 0.0
+    timestamp: float = 0.0          # unix seconds: creation, then close time once closed (as Pulsar)
 
     def to_json(self) -> dict[str, Any]:
         return {"ledger_id": self.ledger_id, "entries": self.entries, "size": self.size,
@@ -86,6 +111,10 @@ class _TailCache:
     def get(self, pos: Position) -> bytes | None:
         return self._d.get(pos)
 
+    def drop_ledger(self, ledger_id: int) -> None:
+        for pos in [p for p in self._d if p.ledger_id == ledger_id]:
+            self.bytes -= len(self._d.pop(pos))
+
 
 class _Add:
     """One add_entry call: its payload, the caller's future, the ledger it was sent to."""
@@ -106,11 +135,14 @@ def _fail(op: _Add, exc: ManagedLedgerError) -> None:
 class ManagedLedger:
     """Append-only log of entries for one topic, owned by one broker at a time."""
 
-    def __init__(self, name: str, store: MetadataStore, bk: Any, cfg: BrokerConfig):
+    def __init__(self, name: str, store: MetadataStore, bk: Any, cfg: BrokerConfig,
+                 policies: Any = None):
         self.name = name
         self.store = store
         self.bk = bk
         self.cfg = cfg
+        self.policies = policies           # a PolicyCache (clusters/broker/policies.py), or None
+        self.namespace = namespace_of(name)
         self.ledgers: list[LedgerInfo] = []
         self._version = -1
         self._lh: Any = None               # the open LedgerHandle
@@ -127,13 +159,45 @@ class ManagedLedger:
         self._read_handles: dict[int, Any] = {}
         self._roll_task: asyncio.Task | None = None
         self.cursors: dict[str, ManagedCursor] = {}
+        self._meta_lock = asyncio.Lock()   # one ledger-list CAS at a time (rollover, trimming)
+        self._trim_lock = asyncio.Lock()
+        self._trim_task: asyncio.Task | None = None
+        self._trim_again = False
+        self._housekeeping_task: asyncio.Task | None = None
+        self._age_timer: asyncio.TimerHandle | None = None
+        self.deleted_ledgers: collections.deque[int] = collections.deque(maxlen=1000)  # trimmed here
+        self.expired: dict[str, Position] = {}     # cursor -> last position expired by TTL
 
     # -- open: the log-recovery protocol ------------------------------------------
     @classmethod
-    async def open(cls, name: str, store: MetadataStore, bk: Any, cfg: BrokerConfig) -> "ManagedLedger":
-        ml = cls(name, store, bk, cfg)
+    async def open(cls, name: str, store: MetadataStore, bk: Any, cfg: BrokerConfig,
+                   policies: Any = None) -> "ManagedLedger":
+        ml = cls(name, store, bk, cfg, policies)
+        if policies is not None and ml.namespace:
+            await policies.get(ml.namespace)     # read (and watch) the namespace's policies once
         await ml._initialize()
         return ml
+
+    # -- policies -----------------------------------------------------------------
+    def _policies(self) -> Any:
+        if self.policies is not None and self.namespace:
+            return self.policies.cached(self.namespace)
+        return None
+
+    def persistence(self) -> tuple[int, int, int]:
+        """E/Qw/Qa for new ledgers: the namespace's persistence policy, else the broker's."""
+        p = self._policies()
+        if p is not None:
+            return p.ensemble, p.write_quorum, p.ack_quorum
+        return self.cfg.ensemble, self.cfg.write_quorum, self.cfg.ack_quorum
+
+    def retention(self) -> tuple[int, int, int]:
+        """(retention minutes, retention MB, message TTL seconds); -1 is infinite, TTL 0 is none."""
+        p = self._policies()
+        if p is not None:
+            return p.retention_time_minutes, p.retention_size_mb, p.message_ttl_seconds
+        c = self.cfg
+        return c.default_retention_minutes, c.default_retention_size_mb, c.default_message_ttl_s
 
     async def _initialize(self) -> None:
         got = await self.store.get_or_none(_path(self.name))
@@ -160,51 +224,44 @@ class ManagedLedger:
                 raise ManagedLedgerError(f"recovering ledger {info.ledger_id} of {self.name}: {e}") from e
             info.entries = rh.last_entry_id + 1
             info.size = getattr(rh, "length", 0) or 0
+            info.timestamp = time.time()
             self._read_handles[info.ledger_id] = rh
             log.info("%s: recovered ledger %d (fence=%s), last entry %d", self.name, info.ledger_id,
                      fence, rh.last_entry_id)
-        # Empty ledgers carry nothing; drop them from the list.
+        # Empty ledgers carry nothing; drop them from the list (and from BookKeeper once the new
+        # list, without them, is written).
+        empty = [i.ledger_id for i in self.ledgers if not i.entries]
         self.ledgers = [i for i in self.ledgers if i.entries]
         for info in reversed(self.ledgers):
             self._last_confirmed = Position(info.ledger_id, info.entries - 1)
             break
         await self._create_ledger()
-        await self._load_cursors()
+        for lid in empty:
+            self._read_handles.pop(lid, None)
+            self._spawn(self._delete_ledger(lid))
+        await self._load_cursors(fence)
+        self._housekeeping_task = asyncio.get_running_loop().create_task(
+            self._housekeeping(), name=f"housekeeping {self.name}")
 
     async def _create_ledger(self) -> None:
         """Create a ledger, append it to the list with a CAS; BadVersion means we lost the topic."""
+        e_, qw, qa = self.persistence()
         try:
-            lh = await self.bk.create_ledger(self.cfg.ensemble, self.cfg.write_quorum, self.cfg.ack_quorum,
+            lh = await self.bk.create_ledger(e_, qw, qa,
                                              custom={"managed-ledger": self.name, "broker": self.cfg.name})
-        except BKError as e:
-            raise ManagedLedgerError(f"creating a ledger for {self.name}: {e}") from e
+        except (BKError, ValueError) as e:
+            raise ManagedLedgerError(f"creating a ledger ({e_}/{qw}/{qa}) for {self.name}: {e}") from e
         if self._state in ("closed", "fenced"):      # closed (or fenced) while we were creating it
             await self._abandon(lh)
             raise self._refusal()
-        new_list = self.ledgers + [LedgerInfo(lh.ledger_id, None, 0, time.time())]
-        encoded = self._encode(new_list)
-        try:
-            self._version = await self.store.set(_path(self.name), encoded, self._version)
-        except BadVersion:
-            await self._abandon(lh)
-            raise ManagedLedgerFenced(f"{self.name}: ledger list changed by another broker") from None
-        except Exception as e:
-            # The outcome is unknown (connection loss): if our write did land, the list names the new
-            # ledger and its version moved; deleting the ledger and keeping the old version would make
-            # our next CAS fail with BadVersion and fence us for nothing.
-            got = None
+        async with self._meta_lock:
+            new_list = self.ledgers + [LedgerInfo(lh.ledger_id, None, 0, time.time())]
             try:
-                got = await self.store.get(_path(self.name))
-            except Exception:
-                pass
-            if got is not None and got[0] == encoded:
-                self._version = got[1]
-            else:
+                await self._write_list(new_list)
+            except ManagedLedgerError:
                 await self._abandon(lh)
-                if got is not None and got[1] != self._version:
-                    raise ManagedLedgerFenced(f"{self.name}: ledger list changed by another broker") from e
-                raise ManagedLedgerError(f"{self.name}: updating the ledger list: {e}") from e
-        self.ledgers = new_list
+                raise
+            self.ledgers = new_list
         self._lh = lh
         self._lh_created = time.monotonic()
         self._lh_entries = 0
@@ -212,7 +269,70 @@ class ManagedLedger:
         if self._state in ("closed", "fenced"):
             return       # closed during the CAS: close() closes this ledger once the rollover is over
         self._state = "open"
+        self._arm_age_timer()
         log.info("%s: writing to ledger %d", self.name, lh.ledger_id)
+
+    async def _write_list(self, new_list: list[LedgerInfo]) -> None:
+        """CAS the ledger list (hold _meta_lock). BadVersion: another broker changed it (Fenced)."""
+        encoded = self._encode(new_list)
+        try:
+            self._version = await self.store.set(_path(self.name), encoded, self._version)
+        except BadVersion:
+            raise ManagedLedgerFenced(f"{self.name}: ledger list changed by another broker") from None
+        except Exception as e:
+            # The outcome is unknown (connection loss): if our write did land, the list is ours and
+            # its version moved; keeping the old version would make our next CAS fail with BadVersion
+            # and fence us for nothing.
+            got = None
+            try:
+                got = await self.store.get(_path(self.name))
+            except Exception:
+                pass
+            if got is not None and got[0] == encoded:
+                self._version = got[1]
+                return
+            if got is not None and got[1] != self._version:
+                raise ManagedLedgerFenced(f"{self.name}: ledger list changed by another broker") from e
+            raise ManagedLedgerError(f"{self.name}: updating the ledger list: {e}") from e
+
+    def _spawn(self, coro: Any) -> asyncio.Task:
+        return asyncio.get_running_loop().create_task(coro)
+
+    async def _delete_ledger(self, ledger_id: int) -> bool:
+        """Delete a ledger from BookKeeper (metadata, then the bookies drop its data); best effort."""
+        try:
+            await self.bk.delete_ledger(ledger_id)
+            return True
+        except BKNoSuchLedgerError:
+            return True
+        except Exception as e:  # noqa: BLE001 - an orphan ledger is a leak, not a correctness issue
+            log.warning("%s: deleting ledger %d: %s", self.name, ledger_id, e)
+            return False
+
+    # -- rollover by age: a timer, not only on add --------------------------------------
+    def _arm_age_timer(self, delay: float | None = None) -> None:
+        if self._age_timer is not None:
+            self._age_timer.cancel()
+            self._age_timer = None
+        age = self.cfg.max_ledger_age_s
+        if not age or age <= 0 or not math.isfinite(age):
+            return
+        if delay is None:      # Pulsar adds up to 5% so ledgers of many topics do not roll at once
+            delay = age * (1 + random.random() * 0.05)
+        self._age_timer = asyncio.get_running_loop().call_later(max(0.01, delay), self._age_check)
+
+    def _age_check(self) -> None:
+        self._age_timer = None
+        if self._state != "open":
+            return             # rolling (the next ledger re-arms), failed, closed or fenced
+        if self._full() and not self._queued:
+            log.info("%s: ledger %d reached its maximum age; rolling over", self.name,
+                     self._lh.ledger_id if self._lh is not None else -1)
+            self._start_roll()
+            return
+        # empty (Pulsar rolls only a ledger with entries) or too young: look again later
+        left = self._lh_created + self.cfg.max_ledger_age_s - time.monotonic()
+        self._arm_age_timer(left if left > 0 else self.cfg.max_ledger_age_s)
 
     async def _abandon(self, lh: Any) -> None:
         try:
@@ -229,12 +349,22 @@ class ManagedLedger:
     def fenced(self) -> bool:
         return self._state == "fenced"
 
+    @property
+    def state(self) -> str:
+        """open, rolling, failed (a write failed; new adds wait for a new ledger), fenced, closed..."""
+        return self._state
+
     def _full(self) -> bool:
+        """Pulsar's currentLedgerIsFull: a quota (entries, size, age) reached, and the ledger older
+        than the minimum rollover time."""
         c = self.cfg
-        return self._lh_entries > 0 and (
-            self._lh_entries >= c.max_entries_per_ledger
-            or self._lh_bytes >= c.max_ledger_size_mb * 1024 * 1024
-            or time.monotonic() - self._lh_created >= c.max_ledger_age_s)
+        if self._lh_entries <= 0:
+            return False
+        age = time.monotonic() - self._lh_created
+        quota = (self._lh_entries >= c.max_entries_per_ledger
+                 or self._lh_bytes >= c.max_ledger_size_mb * MB
+                 or age >= c.max_ledger_age_s)
+        return quota and (c.min_ledger_rollover_s <= 0 or age > c.min_ledger_rollover_s)
 
     def _refusal(self) -> ManagedLedgerError:
         if self._state == "fenced":
@@ -349,11 +479,13 @@ class ManagedLedger:
                     if info.ledger_id == old.ledger_id:
                         info.entries = old.last_add_confirmed + 1
                         info.size = old.confirmed_length
+                        info.timestamp = time.time()
                 self._read_handles[old.ledger_id] = old
                 self._lh = None
             if self._state in ("closed", "fenced"):
                 return
             await self._create_ledger()
+            self.trim_soon()          # Pulsar trims consumed ledgers after every rollover
         except ManagedLedgerFenced as e:
             self._fence(e)
             return
@@ -383,11 +515,28 @@ class ManagedLedger:
             _fail(self._queued.popleft(), exc)
 
     def _fence(self, exc: ManagedLedgerError | None = None) -> None:
-        if self._state != "fenced":
+        first = self._state != "fenced"
+        if first:
             log.warning("%s: fenced; another broker took it over", self.name)
         self._state = "fenced"
-        self._fail_queued(exc or ManagedLedgerFenced(f"{self.name} is fenced"))
+        exc = exc or ManagedLedgerFenced(f"{self.name} is fenced")
+        self._fail_queued(exc)
+        self._stop_background()
+        for cur in self.cursors.values():
+            cur._stop("fenced")
+            # found by a cursor write or by trimming rather than by an add: tell the topic (through
+            # its subscriptions) so that it closes and its clients look it up again
+            if first and cur._on_fenced is not None:
+                asyncio.get_running_loop().call_soon(cur._on_fenced, exc)
         self._notify()
+
+    def _stop_background(self) -> None:
+        if self._age_timer is not None:
+            self._age_timer.cancel()
+            self._age_timer = None
+        t = self._housekeeping_task
+        if t is not None and not t.done() and t is not asyncio.current_task():
+            t.cancel()
 
     # -- reads --------------------------------------------------------------------
     def first_position(self) -> Position | None:
@@ -398,6 +547,47 @@ class ManagedLedger:
 
     def next_position(self, pos: Position) -> Position:
         return Position(pos.ledger_id, pos.entry_id + 1)
+
+    def previous_position(self, pos: Position) -> Position:
+        """The last existing entry before `pos` ((ledger, -1) when there is none in the list)."""
+        if pos.entry_id > 0:
+            return Position(pos.ledger_id, pos.entry_id - 1)
+        prev = None
+        for info in self.ledgers:
+            if info.ledger_id >= pos.ledger_id:
+                break
+            n = self._entries_of(info)
+            if n > 0:
+                prev = Position(info.ledger_id, n - 1)
+        return prev if prev is not None else Position(pos.ledger_id, -1)
+
+    def positions_in(self, after: Position | None, upto: Position) -> Iterator[Position]:
+        """Every existing entry position p with after < p <= upto (after None: from the start)."""
+        for info in self.ledgers:
+            lid = info.ledger_id
+            if lid > upto.ledger_id:
+                return
+            if after is not None and lid < after.ledger_id:
+                continue
+            first = after.entry_id + 1 if after is not None and lid == after.ledger_id else 0
+            last = self._entries_of(info) - 1
+            if lid == upto.ledger_id:
+                last = min(last, upto.entry_id)
+            for e in range(max(first, 0), last + 1):
+                yield Position(lid, e)
+
+    def entries_count(self) -> int:
+        return sum(self._entries_of(i) for i in self.ledgers)
+
+    def total_size(self) -> int:
+        """Bytes in every ledger of the list (the open one's confirmed bytes included)."""
+        total = 0
+        for info in self.ledgers:
+            if info.entries is None and self._lh is not None and self._lh.ledger_id == info.ledger_id:
+                total += self._lh.confirmed_length
+            else:
+                total += info.size
+        return total
 
     def _entries_of(self, info: LedgerInfo) -> int:
         if info.entries is not None:
@@ -474,20 +664,25 @@ class ManagedLedger:
                 f.set_result(None)
 
     # -- cursors ------------------------------------------------------------------
-    async def _load_cursors(self) -> None:
+    async def _load_cursors(self, fence: bool = True) -> None:
         for name in await self.store.children(_path(self.name)):
-            got = await self.store.get_or_none(f"{_path(self.name)}/{name}")
-            if got is None:
-                continue
-            self.cursors[name] = ManagedCursor.from_json(self, name, got[0], got[1])
+            cur = await ManagedCursor.recover(self, name, fence=fence)
+            if cur is not None:
+                self.cursors[name] = cur
 
     async def open_cursor(self, name: str, initial_position: str = "latest") -> "ManagedCursor":
         cur = self.cursors.get(name)
         if cur is not None:
             return cur
+        if self._state in ("closed", "fenced"):
+            raise self._refusal()
         start = self._last_confirmed if initial_position == "latest" else None
         cur = ManagedCursor(self, name, start)
-        await cur.create()
+        if not await cur.create():
+            # the znode exists already (created meanwhile): recover it as a topic load would
+            cur = await ManagedCursor.recover(self, name, fence=True)
+            if cur is None:
+                raise ManagedLedgerError(f"{self.name}: cursor {name} vanished while being created")
         self.cursors[name] = cur
         return cur
 
@@ -495,6 +690,7 @@ class ManagedLedger:
         cur = self.cursors.pop(name, None)
         if cur is not None:
             await cur.delete()
+            self.trim_soon()          # it may have been the slowest cursor
 
     async def close(self) -> None:
         """Stop writing: close the open ledger so the next owner finds it closed."""
@@ -502,6 +698,7 @@ class ManagedLedger:
             self._notify()
             return
         self._state = "closed"
+        self._stop_background()
         self._fail_queued(self._refusal())
         roll = self._roll_task
         if roll is not None:               # let a rollover in flight finish (it creates no ledger now)
@@ -510,7 +707,7 @@ class ManagedLedger:
             except Exception:
                 log.debug("%s: rollover during close", self.name, exc_info=True)
         for cur in list(self.cursors.values()):
-            await cur.flush()
+            await cur.close()             # writes the last position, closes the cursor ledger
         lh = self._lh
         if lh is not None:
             self._closing_lh = lh
@@ -523,7 +720,183 @@ class ManagedLedger:
                     if info.ledger_id == lh.ledger_id:
                         info.entries = lh.last_add_confirmed + 1
                         info.size = lh.confirmed_length
+        t = self._trim_task
+        if t is not None and not t.done():
+            t.cancel()
         self._notify()
+
+    # -- housekeeping: message TTL and trimming ---------------------------------------
+    async def _housekeeping(self) -> None:
+        """Periodically: expire messages past the TTL (every message_expiry_check_interval_s), then
+        trim consumed ledgers (every retention_check_interval_s)."""
+        c = self.cfg
+        now = time.monotonic()
+        next_expiry = now + c.message_expiry_check_interval_s
+        next_trim = now + c.retention_check_interval_s
+        while self._state not in ("closed", "fenced"):
+            await asyncio.sleep(max(0.05, min(next_expiry, next_trim) - time.monotonic()))
+            if self._state in ("closed", "fenced"):
+                return
+            try:
+                if time.monotonic() >= next_expiry:
+                    next_expiry = time.monotonic() + c.message_expiry_check_interval_s
+                    await self.expire_messages()
+                if time.monotonic() >= next_trim:
+                    next_trim = time.monotonic() + c.retention_check_interval_s
+                    await self.trim_now()
+            except asyncio.CancelledError:
+                raise
+            except ManagedLedgerFenced as e:
+                self._fence(e)
+                return
+            except Exception as e:  # noqa: BLE001 - retried at the next interval
+                log.warning("%s: housekeeping: %s", self.name, e)
+
+    def trim_soon(self) -> None:
+        """Trim in the background (coalesced): after a rollover, when a cursor leaves a ledger."""
+        if self._state in ("closed", "fenced", "init"):
+            return
+        if self._trim_task is not None and not self._trim_task.done():
+            self._trim_again = True
+            return
+
+        async def run() -> None:
+            while True:
+                self._trim_again = False
+                try:
+                    await self.trim_now()
+                except ManagedLedgerFenced as e:
+                    self._fence(e)
+                    return
+                except Exception as e:  # noqa: BLE001 - the periodic check tries again
+                    log.warning("%s: trimming: %s", self.name, e)
+                if not self._trim_again or self._state in ("closed", "fenced"):
+                    return
+        self._trim_task = self._spawn(run())
+
+    def _slowest_reader_limit(self) -> int:
+        """Ledgers with an id below this one are consumed by every durable cursor (Pulsar's
+        slowestReaderLedgerId): with no durable cursor, all of them but the current one."""
+        current = self.ledgers[-1].ledger_id
+        cursors = [c for c in self.cursors.values() if not c.deleted]
+        if not cursors:
+            return current + 1
+        mds = [c.mark_delete_position for c in cursors]
+        if any(md is None for md in mds):
+            return -1                   # a cursor before the first entry: nothing is consumed
+        slowest = min(mds)
+        for info in self.ledgers:
+            if info.ledger_id == slowest.ledger_id:
+                # mark-delete on the last entry of a closed ledger: that ledger is consumed too
+                if info.ledger_id != current and info.entries is not None \
+                        and slowest.entry_id + 1 >= info.entries:
+                    return slowest.ledger_id + 1
+                break
+        return slowest.ledger_id
+
+    def trimmable(self) -> list[LedgerInfo]:
+        """The ledgers trimming would delete now, oldest first (Pulsar's internalTrimLedgers): ahead
+        of the slowest durable cursor, never the current ledger, and only while retention by time
+        (ledger closed more than retention minutes ago) or by size (what remains is still at least
+        the retention size) no longer requires them. -1 is infinite; 0/0 deletes once consumed."""
+        if len(self.ledgers) < 2:
+            return []
+        limit = self._slowest_reader_limit()
+        minutes, size_mb, _ = self.retention()
+        total = self.total_size()
+        now = time.time()
+        current = self.ledgers[-1].ledger_id
+        out: list[LedgerInfo] = []
+        to_delete = 0
+        for info in self.ledgers:
+            if info.ledger_id >= limit or info.ledger_id == current or info.entries is None:
+                break
+            to_delete += info.size
+            over_size = size_mb >= 0 and total - to_delete >= size_mb * MB
+            expired = minutes >= 0 and now - info.timestamp > minutes * 60
+            if not (over_size or expired):
+                break
+            out.append(info)
+        return out
+
+    async def trim_now(self) -> list[int]:
+        """Delete the ledgers `trimmable()` names: the ledger list in ZooKeeper first (CAS), then each
+        ledger from BookKeeper (metadata, then its data on the bookies). Returns their ids."""
+        async with self._trim_lock:
+            if self._state in ("closed", "fenced", "init") or not self.ledgers:
+                return []
+            async with self._meta_lock:
+                doomed = self.trimmable()
+                if not doomed:
+                    return []
+                ids = {i.ledger_id for i in doomed}
+                new_list = [i for i in self.ledgers if i.ledger_id not in ids]
+                try:
+                    await self._write_list(new_list)
+                except ManagedLedgerFenced as e:
+                    self._fence(e)
+                    raise
+                self.ledgers = new_list
+            log.info("%s: trimmed ledgers %s", self.name, sorted(ids))
+            for lid in sorted(ids):
+                self._read_handles.pop(lid, None)
+                self._cache.drop_ledger(lid)
+                self.deleted_ledgers.append(lid)
+            for lid in sorted(ids):
+                await self._delete_ledger(lid)
+            return sorted(ids)
+
+    async def find_newest_expired(self, after: Position | None, cutoff_ms: float) -> Position | None:
+        """The last entry after `after` published before `cutoff_ms` (None: there is none). A closed
+        ledger whose close time is before the cutoff expires whole without being read (Pulsar's
+        checkExpiryByLedgerClosureTime); the first other ledger is binary-searched by publish time."""
+        found: Position | None = None
+        for info in list(self.ledgers):
+            n = self._entries_of(info)
+            if n <= 0 or (after is not None and info.ledger_id < after.ledger_id):
+                continue
+            first = after.entry_id + 1 if after is not None and info.ledger_id == after.ledger_id else 0
+            last = n - 1
+            if first > last:
+                continue
+            if info.entries is not None and info.timestamp and info.timestamp * 1000 < cutoff_ms:
+                found = Position(info.ledger_id, last)
+                continue
+            lo, hi = first, last                  # invariant: entries < lo are expired
+            while lo <= hi:
+                mid = (lo + hi) // 2
+                got = await self.read_entries(Position(info.ledger_id, mid), 1)
+                if not got or got[0][0] != Position(info.ledger_id, mid):
+                    break
+                pt = _publish_time(got[0][1])
+                if pt is not None and pt < cutoff_ms:
+                    found = Position(info.ledger_id, mid)
+                    lo = mid + 1
+                else:
+                    hi = mid - 1
+            if found != Position(info.ledger_id, last):
+                break                             # a live entry in this ledger: later ones are too
+        return found
+
+    async def expire_messages(self, ttl_s: float | None = None) -> dict[str, Position]:
+        """Pulsar's PersistentMessageExpiryMonitor: move every durable cursor past the messages
+        published more than the TTL ago (the namespace's message_ttl_seconds unless given)."""
+        if ttl_s is None:
+            ttl_s = self.retention()[2]
+        if not ttl_s or ttl_s <= 0 or self._state in ("closed", "fenced"):
+            return {}
+        cutoff = time.time() * 1000 - ttl_s * 1000
+        done: dict[str, Position] = {}
+        for name, cur in list(self.cursors.items()):
+            if cur.deleted or name.startswith(SYSTEM_CURSOR_PREFIX):
+                continue          # Pulsar expires subscriptions; system cursors (pulsar.dedup) keep their place
+            pos = await self.find_newest_expired(cur.mark_delete_position, cutoff)
+            if pos is not None and (cur.mark_delete_position is None or pos > cur.mark_delete_position):
+                log.info("%s: cursor %s: messages up to %s expired (TTL %ss)", self.name, name, pos, ttl_s)
+                cur.expire_to(pos)
+                done[name] = pos
+                self.expired[name] = pos
+        return done
 
     # -- encoding -----------------------------------------------------------------
     def _encode(self, ledgers: list[LedgerInfo] | None = None) -> bytes:
@@ -538,91 +911,417 @@ class ManagedLedger:
                            float(i.get("timestamp", 0))) for i in raw.get("ledgers", [])]
 
 
+Range = tuple[Position, Position]          # (start, end]: open-closed, as Pulsar prints them
+
+
+def _pos_json(p: Position | None) -> list[int] | None:
+    return None if p is None else [p.ledger_id, p.entry_id]
+
+
+def _pos_from(raw: Any) -> Position | None:
+    return None if not raw else Position(int(raw[0]), int(raw[1]))
+
+
+def _ranges_json(ranges: list[Range]) -> list[list[int]]:
+    return [[a.ledger_id, a.entry_id, b.ledger_id, b.entry_id] for a, b in ranges]
+
+
+def _ranges_from(raw: Any) -> list[Range]:
+    return [(Position(int(r[0]), int(r[1])), Position(int(r[2]), int(r[3]))) for r in raw or []]
+
+
 class ManagedCursor:
-    """A durable subscription position: everything at or before mark_delete_position is consumed."""
+    """A durable subscription's position, persisted as Pulsar's ManagedCursorImpl does.
+
+    State: `mark_delete_position` (every entry at or before it is consumed) plus the individually
+    deleted ranges above it, which the subscription provides (`attach`). Each write appends a
+    position record `{"mark_delete", "individual_deleted"}` (Pulsar's PositionInfo) to the cursor's
+    own ledger, at most `cursor_mark_delete_rate` times a second (later changes are batched into
+    the next write), capped at `cursor_max_unacked_ranges` ranges (the rest is redelivered after a
+    crash). The cursor znode (Pulsar's ManagedCursorInfo) names that ledger (`cursors_ledger_id`) and
+    holds the mark-delete position as of the last ledger switch; with no usable ledger it holds the
+    whole position (`cursors_ledger_id` -1, ranges capped at `cursor_max_unacked_ranges_in_zk`).
+    The ledger rolls over after `cursor_max_entries_per_ledger` records or
+    `cursor_ledger_rollover_s`: a new ledger gets the current record, the znode is CAS-switched to
+    it, the old ledger is deleted. Every znode write is a CAS on the version we last saw, so a
+    broker whose topic was taken over cannot overwrite the new owner's cursor.
+
+    Recovery on a new owner (`recover`): read the znode, open its ledger with recovery (fencing the
+    old owner's writes), take its last record; a missing or empty ledger falls back to the znode's
+    position. A CAS of the znode then fences the old owner's metadata writes. The next write
+    switches to a new cursor ledger.
+    """
 
     def __init__(self, ml: ManagedLedger, name: str, mark_delete: Position | None, version: int = -1):
         self.ml = ml
         self.name = name
         self.mark_delete_position = mark_delete
-        self._persisted: Position | None = mark_delete
+        self.cursor_ledger_id = -1          # the ledger the znode names (-1: position in the znode)
+        self.persisted_mark_delete: Position | None = mark_delete   # as of the last write
+        self.writes = 0                     # position records written (ledger or znode)
+        self.ledger_switches = 0
         self._version = version
-        self._writing: asyncio.Task | None = None
-        self._deleted = False
+        self._lh: Any = None                # our writable cursor ledger (None: switch at next write)
+        self._lh_entries = 0
+        self._lh_created = 0.0
+        self._ranges: list[Range] = []      # as recovered (until a subscription attaches)
+        self._ranges_fn: Callable[[int], list[Range]] | None = None
+        self._ranges_suspended = False      # after reset(), until the subscription updates us
+        self._on_expire: Callable[[Position], None] | None = None
+        self._on_fenced: Callable[[BaseException], None] | None = None
+        self._state = "open"                # open | closed | fenced | deleted
+        self._gen = 0                       # bumped on every change
+        self._persisted_gen = 0
+        self._urgent = False
+        self._wake = asyncio.Event()
+        self._writer: asyncio.Task | None = None
+        self._flush_waiters: list[tuple[int, asyncio.Future]] = []
+        self._last_write = -math.inf
+        self._io = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"ManagedCursor({self.ml.name}/{self.name}, md={self.mark_delete_position})"
 
     @property
     def path(self) -> str:
         return f"{_path(self.ml.name)}/{self.name}"
 
-    @classmethod
-    def from_json(cls, ml: ManagedLedger, name: str, data: bytes, version: int) -> "ManagedCursor":
-        raw = json.loads(data or b"{}")
-        md = raw.get("mark_delete")
-        pos = Position(int(md[0]), int(md[1])) if md else None
-        return cls(ml, name, pos, version)
+    @property
+    def deleted(self) -> bool:
+        return self._state == "deleted"
 
-    def _encode(self, pos: Position | None) -> bytes:
-        return json.dumps({"mark_delete": [pos.ledger_id, pos.entry_id] if pos else None}).encode()
+    @property
+    def _interval(self) -> float:
+        rate = self.ml.cfg.cursor_mark_delete_rate
+        return 1.0 / rate if rate and rate > 0 else 0.0
 
-    async def create(self) -> None:
-        try:
-            await self.ml.store.create(self.path, self._encode(self.mark_delete_position), makepath=True)
-            self._version = 0
-        except NodeExists:
-            data, self._version = await self.ml.store.get(self.path)
-            other = ManagedCursor.from_json(self.ml, self.name, data, self._version)
-            self.mark_delete_position = self._persisted = other.mark_delete_position
+    # -- what the subscription and the admin API use ------------------------------------
+    def attach(self, ranges_fn: Callable[[int], list[Range]] | None = None,
+               on_expire: Callable[[Position], None] | None = None,
+               on_fenced: Callable[[BaseException], None] | None = None) -> None:
+        """The subscription serving this cursor: `ranges_fn(limit)` gives its individually acked
+        ranges above the mark-delete position (read at write time), `on_expire(pos)` applies a TTL
+        expiry to its in-memory state, `on_fenced(exc)` is told when a write finds the topic taken
+        over."""
+        self._ranges_fn = ranges_fn
+        self._on_expire = on_expire
+        self._on_fenced = on_fenced
+
+    def individually_deleted_ranges(self) -> list[Range]:
+        """Acknowledged ranges above the mark-delete position, (start, end] as Pulsar prints
+        "[(l:e1..l:e2]]": every entry p with start < p <= end is acknowledged."""
+        md = self.mark_delete_position
+        if self._ranges_suspended:
+            return []
+        limit = self.ml.cfg.cursor_max_unacked_ranges
+        rs = self._ranges_fn(limit) if self._ranges_fn is not None else self._ranges
+        out = []
+        for a, b in rs[:limit]:
+            if md is not None:
+                if b <= md:
+                    continue
+                if a < md:
+                    a = md
+            out.append((a, b))
+        return out
+
+    def update(self, pos: Position | None = None) -> None:
+        """Without waiting: move the mark-delete position forward to `pos` (never back) and/or note
+        that the individually deleted ranges changed; the write follows, rate-limited."""
+        self._ranges_suspended = False
+        if pos is not None and (self.mark_delete_position is None or pos > self.mark_delete_position):
+            old = self.mark_delete_position
+            self.mark_delete_position = pos
+            if old is None or old.ledger_id != pos.ledger_id:
+                self.ml.trim_soon()          # the slowest cursor may have left a ledger
+        self._schedule()
 
     async def mark_delete(self, pos: Position) -> None:
-        """Move the position forward (never back) and persist it; writes are coalesced."""
+        """Move the position forward (never back); persisted asynchronously (see update)."""
         if self.mark_delete_position is not None and pos <= self.mark_delete_position:
             return
-        self.mark_delete_position = pos
-        self._kick()
+        self.update(pos)
 
     async def reset(self, pos: Position | None) -> None:
-        """Seek: the next entry read is `pos` (None = the first entry)."""
-        if pos is None:
-            self.mark_delete_position = None
-        else:
-            self.mark_delete_position = Position(pos.ledger_id, pos.entry_id - 1)
-        self._kick()
+        """Seek: the next entry read is `pos` (None = the first entry); written at once."""
+        self.mark_delete_position = None if pos is None else Position(pos.ledger_id, pos.entry_id - 1)
+        self._ranges = []
+        self._ranges_suspended = True   # the subscription's ranges are stale until it updates us
+        self._schedule(urgent=True)
         await self.flush()
 
-    def _kick(self) -> None:
-        if self._writing is None or self._writing.done():
-            self._writing = asyncio.get_running_loop().create_task(self._persist_loop())
+    def expire_to(self, pos: Position) -> None:
+        """TTL: everything up to `pos` is expired (consumed)."""
+        if self._on_expire is not None:
+            self._on_expire(pos)
+            return
+        self._ranges = [(a, b) for a, b in self._ranges if b > pos]
+        self.update(pos)
 
-    async def _persist_loop(self) -> None:
+    # -- writing --------------------------------------------------------------------
+    def _schedule(self, urgent: bool = False) -> None:
+        if self._state != "open":
+            return
+        self._gen += 1
+        if urgent:
+            self._urgent = True
+            self._wake.set()
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.get_running_loop().create_task(
+                self._write_loop(), name=f"cursor {self.ml.name}/{self.name}")
+
+    async def _write_loop(self) -> None:
         backoff = 0.1
-        while not self._deleted and self._persisted != self.mark_delete_position:
-            target = self.mark_delete_position
-            try:
-                self._version = await self.ml.store.set(self.path, self._encode(target), -1)
-                self._persisted = target
-                backoff = 0.1
-            except NoNode:
+        while self._state == "open" and self._persisted_gen < self._gen:
+            wait = self._last_write + self._interval - time.monotonic()
+            if wait > 0 and not self._urgent:
+                self._wake.clear()
                 try:
-                    await self.ml.store.create(self.path, self._encode(target), makepath=True)
-                    self._persisted = target
-                except Exception as e:
-                    log.warning("cursor %s/%s: %s", self.ml.name, self.name, e)
-                    await asyncio.sleep(backoff)
-            except Exception as e:   # ZooKeeper unreachable: keep the position in memory, retry
-                log.warning("cursor %s/%s: persisting %s: %s", self.ml.name, self.name, target, e)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-
-    async def flush(self) -> None:
-        if self._writing is not None and not self._writing.done():
+                    await asyncio.wait_for(self._wake.wait(), wait)
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            self._urgent = False
+            gen = self._gen
+            md = self.mark_delete_position
+            ranges = self.individually_deleted_ranges()
+            self._last_write = time.monotonic()
             try:
-                await asyncio.wait_for(asyncio.shield(self._writing), 5.0)
-            except (asyncio.TimeoutError, Exception):
+                async with self._io:
+                    if self._state != "open":
+                        break
+                    await self._persist(md, ranges)
+                self._persisted_gen = max(self._persisted_gen, gen)
+                self.persisted_mark_delete = md
+                self.writes += 1
+                backoff = 0.1
+                self._wake_flushers()
+            except ManagedLedgerFenced as e:
+                log.warning("cursor %s/%s: %s", self.ml.name, self.name, e)
+                self.ml._fence(e)            # stops every cursor and tells the topic
+                self._stop("fenced")
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - ZooKeeper/bookies unreachable: keep it in memory
+                log.warning("cursor %s/%s: persisting %s: %s", self.ml.name, self.name, md, e)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+        self._wake_flushers()
+
+    def _wake_flushers(self) -> None:
+        keep = []
+        for gen, fut in self._flush_waiters:
+            if fut.done():
+                continue
+            if self._persisted_gen >= gen or self._state != "open":
+                fut.set_result(None)
+            else:
+                keep.append((gen, fut))
+        self._flush_waiters = keep
+
+    async def flush(self, timeout: float = 10.0) -> None:
+        """Write the current position now (no rate limit) and wait for it, at most `timeout`."""
+        if self._state != "open" or self._persisted_gen >= self._gen:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._flush_waiters.append((self._gen, fut))
+        self._urgent = True
+        self._wake.set()
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.get_running_loop().create_task(self._write_loop())
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            log.warning("cursor %s/%s: position not persisted within %ss", self.ml.name, self.name,
+                        timeout)
+
+    def _record(self, md: Position | None, ranges: list[Range]) -> bytes:
+        return json.dumps({"mark_delete": _pos_json(md), "individual_deleted": _ranges_json(ranges),
+                           "time": time.time()}).encode()
+
+    async def _persist(self, md: Position | None, ranges: list[Range]) -> None:
+        """Append the record to the cursor ledger, switching ledgers when needed (hold _io)."""
+        record = self._record(md, ranges)
+        c = self.ml.cfg
+        lh = self._lh
+        if lh is not None and self._lh_entries < c.cursor_max_entries_per_ledger \
+                and time.monotonic() - self._lh_created < c.cursor_ledger_rollover_s:
+            try:
+                await lh.add_entry(record)
+                self._lh_entries += 1
+                return
+            except (BKLedgerFencedError, BKLedgerClosedError) as e:
+                raise ManagedLedgerFenced(f"cursor {self.name}: ledger {lh.ledger_id} fenced: {e}") from e
+            except BKError as e:
+                log.warning("cursor %s/%s: writing to ledger %d: %s; switching ledgers", self.ml.name,
+                            self.name, lh.ledger_id, e)
+        await self._switch_ledger(md, ranges, record)
+
+    async def _switch_ledger(self, md: Position | None, ranges: list[Range], record: bytes) -> None:
+        """Pulsar's createNewMetadataLedger + switchToNewLedger: new ledger, the record in it, CAS
+        the znode to it, delete the old ledger. With no ledger to be had, the position goes to the
+        znode (cursors_ledger_id -1) and the next write tries a ledger again."""
+        old_lh, old_id = self._lh, self.cursor_ledger_id
+        self._lh = None
+        E, Qw, Qa = self.ml.persistence()
+        lh = None
+        try:
+            lh = await self.ml.bk.create_ledger(E, Qw, Qa, custom={
+                "managed-ledger": self.ml.name, "cursor": self.name, "broker": self.ml.cfg.name})
+            await lh.add_entry(record)
+        except (BKError, ValueError) as e:
+            log.warning("cursor %s/%s: no cursor ledger (%s); keeping the position in ZooKeeper",
+                        self.ml.name, self.name, e)
+            if lh is not None:
+                self.ml._spawn(self.ml._delete_ledger(lh.ledger_id))
+            await self._write_info(-1, md, ranges)
+            self.cursor_ledger_id = -1
+        else:
+            try:
+                await self._write_info(lh.ledger_id, md, [])
+            except BaseException:
+                self.ml._spawn(self.ml._delete_ledger(lh.ledger_id))
+                raise
+            self._lh, self._lh_entries, self._lh_created = lh, 1, time.monotonic()
+            self.cursor_ledger_id = lh.ledger_id
+            self.ledger_switches += 1
+        if old_id >= 0 and old_id != self.cursor_ledger_id:
+            self.ml._spawn(self._drop_ledger(old_lh, old_id))
+
+    async def _drop_ledger(self, lh: Any, ledger_id: int) -> None:
+        if lh is not None:
+            try:
+                await lh.close()
+            except Exception:  # noqa: BLE001
                 pass
+        await self.ml._delete_ledger(ledger_id)
+
+    def _info(self, ledger_id: int, md: Position | None, ranges: list[Range]) -> bytes:
+        cap = self.ml.cfg.cursor_max_unacked_ranges_in_zk
+        return json.dumps({"cursors_ledger_id": ledger_id, "mark_delete": _pos_json(md),
+                           "individual_deleted": _ranges_json(ranges[:cap]) if ledger_id < 0 else [],
+                           "last_active": time.time()}).encode()
+
+    async def _write_info(self, ledger_id: int, md: Position | None, ranges: list[Range]) -> None:
+        """CAS the cursor znode (ManagedCursorInfo). BadVersion/NoNode: another broker owns it now."""
+        data = self._info(ledger_id, md, ranges)
+        store = self.ml.store
+        try:
+            self._version = await store.set(self.path, data, self._version)
+            return
+        except (BadVersion, NoNode):
+            raise ManagedLedgerFenced(f"cursor {self.name} of {self.ml.name} changed by another broker") \
+                from None
+        except Exception as e:
+            got = None               # outcome unknown: did our write land?
+            try:
+                got = await store.get_or_none(self.path)
+            except Exception:  # noqa: BLE001
+                pass
+            if got is not None and got[0] == data:
+                self._version = got[1]
+                return
+            if got is not None and got[1] != self._version:
+                raise ManagedLedgerFenced(
+                    f"cursor {self.name} of {self.ml.name} changed by another broker") from e
+            raise ManagedLedgerError(f"cursor {self.name}: updating its znode: {e}") from e
+
+    # -- lifecycle ------------------------------------------------------------------
+    async def create(self) -> bool:
+        """A new cursor: its znode (position, no ledger yet), then its first cursor ledger.
+        False when the znode exists already."""
+        md = self.mark_delete_position
+        try:
+            await self.ml.store.create(self.path, self._info(-1, md, []), makepath=True)
+        except NodeExists:
+            return False
+        self._version = 0
+        async with self._io:
+            await self._switch_ledger(md, [], self._record(md, []))
+        self.writes += 1
+        return True
+
+    @classmethod
+    async def recover(cls, ml: ManagedLedger, name: str, fence: bool = True) -> "ManagedCursor | None":
+        """Load a cursor on a new owner (see the class docstring); None if its znode is gone."""
+        path = f"{_path(ml.name)}/{name}"
+        got = await ml.store.get_or_none(path)
+        if got is None:
+            return None
+        data, version = got
+        try:
+            info = json.loads(data or b"{}")
+        except ValueError:
+            info = {}
+        md = _pos_from(info.get("mark_delete"))
+        ranges = _ranges_from(info.get("individual_deleted"))
+        lid = int(info.get("cursors_ledger_id", -1))
+        source = "znode"
+        if lid >= 0:
+            try:
+                rh = await ml.bk.open_ledger(lid, recovery=True, fence=fence)
+                last = rh.last_entry_id
+                if last >= 0:
+                    rec = json.loads((await rh.read(last, last))[0])
+                    md = _pos_from(rec.get("mark_delete"))
+                    ranges = _ranges_from(rec.get("individual_deleted"))
+                    source = f"ledger {lid} entry {last}"
+                else:
+                    log.info("%s: cursor %s: ledger %d is empty; using the znode position",
+                             ml.name, name, lid)
+            except BKNoSuchLedgerError:
+                log.warning("%s: cursor %s: ledger %d is gone; using the znode position", ml.name, name, lid)
+                lid = -1
+            except (BKError, ValueError) as e:
+                raise ManagedLedgerError(f"{ml.name}: recovering cursor {name} from ledger {lid}: {e}") from e
+        lc = ml.last_confirmed
+        if md is not None and lc is not None and md > lc:
+            md = lc                 # never past the end of the log (Pulsar clamps to the last position)
+        cur = cls(ml, name, md, version)
+        cur.cursor_ledger_id = lid
+        cur._ranges = [(a, b) for a, b in ranges if md is None or b > md]
+        # CAS the znode now: a write of the previous owner that is still in flight fails with BadVersion
+        await cur._write_info(lid, md, cur._ranges)
+        log.info("%s: cursor %s recovered from %s: mark-delete %s, %d individually deleted ranges",
+                 ml.name, name, source, md, len(cur._ranges))
+        return cur
+
+    def _stop(self, state: str) -> None:
+        if self._state == "open":
+            self._state = state
+        self._wake.set()
+        self._wake_flushers()
+
+    async def close(self) -> None:
+        """Write the last position, close the cursor ledger (the next owner needs no recovery)."""
+        if self._state != "open":
+            return
+        await self.flush(timeout=5.0)
+        self._stop("closed")
+        w = self._writer
+        if w is not None and not w.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(w), 5.0)
+            except (asyncio.TimeoutError, Exception):  # noqa: BLE001
+                pass
+        async with self._io:
+            lh, self._lh = self._lh, None
+        if lh is not None:
+            try:
+                await lh.close()
+            except Exception as e:  # noqa: BLE001
+                log.debug("cursor %s/%s: closing ledger: %s", self.ml.name, self.name, e)
 
     async def delete(self) -> None:
-        self._deleted = True
+        """Unsubscribe: the znode, then the cursor ledger."""
+        self._stop("deleted")
+        self._state = "deleted"
         try:
             await self.ml.store.delete(self.path)
         except NoNode:
             pass
+        async with self._io:
+            lh, self._lh = self._lh, None
+        if self.cursor_ledger_id >= 0:
+            await self._drop_ledger(lh, self.cursor_ledger_id)

@@ -28,7 +28,7 @@ from clusters import zookeeper
 from clusters.deploy import health as health_checks
 from clusters.deploy import hostnet, procs
 from clusters.deploy.backend import HOST, Cluster, ClusterError, Grudge, Node, grudge_edges
-from clusters.deploy.spec import ROOT, ClusterSpec
+from clusters.deploy.spec import DEPLOY_BROKER_DEFAULTS, ROOT, ClusterSpec
 
 STATE_VERSION = 1
 CHAIN = "PCHAOS"                       # iptables chain inside each node namespace, jumped from INPUT and OUTPUT
@@ -426,7 +426,7 @@ class NetnsCluster(Cluster):
                         cfg = node_config.BrokerConfig(port=n["ports"]["pulsar"], http_port=n["ports"]["http"],
                                                        ensemble=spec.ensemble, write_quorum=spec.write_quorum,
                                                        ack_quorum=spec.ack_quorum,
-                                                       **{**common, **spec.broker_config})
+                                                       **{**common, **DEPLOY_BROKER_DEFAULTS, **spec.broker_config})
                     node_config.write(cfg, Path(config))
                     n["config"] = config
                     argv = self.commands[role](self._node_of(n))

@@ -18,6 +18,14 @@ NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,23}$")
 MAX_PER_ROLE = {"zookeeper": 5, "bookie": 39, "broker": 39, "client": 9}
 
 
+# Broker settings every deployed cluster starts from (a spec's broker_config overrides them).
+# Infinite retention: Pulsar's default (0/0) deletes every ledger all subscriptions have consumed, and
+# with no subscription every closed ledger, so a test's final read from earliest would see "lost"
+# messages that were merely trimmed. A chaos test must read everything back, as a Jepsen test of real
+# Pulsar configures defaultRetentionTimeInMinutes=-1. Retention tests set namespace policies instead.
+DEPLOY_BROKER_DEFAULTS: dict[str, Any] = {"default_retention_minutes": -1, "default_retention_size_mb": -1}
+
+
 @dataclass
 class ClusterSpec:
     name: str = "default"

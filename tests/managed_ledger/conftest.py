@@ -34,8 +34,12 @@ def shared_bookies(shared_zk, tmp_path_factory):
 
 
 def broker_cfg(name: str = "broker-a", **kw) -> BrokerConfig:
+    """A broker's settings for an ML under test. Retention is infinite unless a test sets it (the
+    tests that read everything back must not race the trimmer); cursors persist without a rate
+    limit unless a test sets one."""
     base = dict(name=name, host="127.0.0.1", zk="unused", data_dir="/nonexistent",
-                ensemble=3, write_quorum=2, ack_quorum=2)
+                ensemble=3, write_quorum=2, ack_quorum=2,
+                default_retention_minutes=-1, default_retention_size_mb=-1, cursor_mark_delete_rate=0)
     base.update(kw)
     return BrokerConfig(**base)
 
