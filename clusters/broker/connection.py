@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from clusters.broker.managed_ledger import Position
+from clusters.broker.selectors import partition_index
 from clusters.broker.topic import SUB_TYPE_NAMES, BrokerServiceError, Consumer, Producer
 from clusters.protocol import frames
 from clusters.protocol import PulsarApi_pb2 as pb
@@ -246,12 +247,12 @@ class ServerCnx(asyncio.Protocol):
         self._write(frames.encode_command(cmd))
 
     def send_message(self, consumer_id: int, ledger_id: int, entry_id: int, redelivery_count: int,
-                     entry: bytes) -> None:
+                     entry: bytes, ack_set: list[int] | None = None) -> None:
         if self.state == "closed":
             return
         out = self._out
         out.append(frames.message_frame_header(consumer_id, ledger_id, entry_id, redelivery_count,
-                                               len(entry)))
+                                               len(entry), ack_set or ()))
         out.append(entry)
         if self._flush_handle is None:
             self._flush_handle = self.loop.call_soon(self._flush)
@@ -453,6 +454,8 @@ class ServerCnx(asyncio.Protocol):
         self._spawn(self._topics_of_namespace(cmd.getTopicsOfNamespace))
 
     async def _topics_of_namespace(self, req: pb.CommandGetTopicsOfNamespace) -> None:
+        """The namespace's topics (partitions listed one by one, as Pulsar does), filtered by mode;
+        not by topics_pattern (filtered=false: the client applies its regex)."""
         topics: list[str] = []
         fn = getattr(self.service, "topics_of_namespace", None)
         if fn is not None:
@@ -465,9 +468,16 @@ class ServerCnx(asyncio.Protocol):
                 log.warning("%s: topics of %s: %s", self, req.namespace, e)
                 self.send_error(req.request_id, pb.ServiceNotReady, f"Failed to list topics: {e}")
                 return
+        M = pb.CommandGetTopicsOfNamespace
+        if req.mode == M.PERSISTENT:
+            topics = [t for t in topics if t.startswith("persistent://")]
+        elif req.mode == M.NON_PERSISTENT:
+            topics = [t for t in topics if t.startswith("non-persistent://")]
         r = _cmd(T.GET_TOPICS_OF_NAMESPACE_RESPONSE)
         r.getTopicsOfNamespaceResponse.request_id = req.request_id
         r.getTopicsOfNamespaceResponse.topics.extend(topics)
+        r.getTopicsOfNamespaceResponse.filtered = False
+        r.getTopicsOfNamespaceResponse.changed = True
         self.send_command(r)
 
     def _on_get_schema(self, cmd: pb.BaseCommand) -> None:
@@ -490,7 +500,9 @@ class ServerCnx(asyncio.Protocol):
         existing = self.producers.get(p.producer_id)
         if existing is not None:
             if isinstance(existing, Producer):
-                self._producer_success(p.request_id, existing.name)
+                self._producer_success(p.request_id, existing.name,
+                                       existing.topic.last_sequence_id(existing.name),
+                                       existing.topic_epoch)
             else:
                 self.send_error(p.request_id, pb.ServiceNotReady,
                                 "Producer is already present on the connection")
@@ -508,9 +520,15 @@ class ServerCnx(asyncio.Protocol):
             name = req.producer_name if req.HasField("producer_name") and req.producer_name else \
                 self._new_producer_name()
             user_provided = req.user_provided_producer_name if req.HasField("producer_name") else False
-            producer = await topic.add_producer(self, pid, name, epoch=req.epoch,
-                                                access_mode=req.producer_access_mode,
-                                                user_provided_name=user_provided)
+
+            def queued() -> None:       # WaitForExclusive: the client parks the request meanwhile
+                if not placeholder.cancelled and self.state != "closed":
+                    self._producer_success(req.request_id, name, -1, None, ready=False)
+
+            producer = await topic.add_producer(
+                self, pid, name, epoch=req.epoch, access_mode=req.producer_access_mode,
+                user_provided_name=user_provided,
+                topic_epoch=req.topic_epoch if req.HasField("topic_epoch") else None, on_queued=queued)
         except BrokerServiceError as e:
             self._drop_placeholder(self.producers, pid, placeholder)
             log.info("%s: producer %d on %s refused: %s", self, pid, req.topic, e)
@@ -525,15 +543,19 @@ class ServerCnx(asyncio.Protocol):
             topic.remove_producer(producer)
             return
         self.producers[pid] = producer
-        self._producer_success(req.request_id, producer.name)
+        self._producer_success(req.request_id, producer.name, topic.last_sequence_id(producer.name),
+                               producer.topic_epoch)
 
-    def _producer_success(self, request_id: int, name: str) -> None:
+    def _producer_success(self, request_id: int, name: str, last_sequence_id: int = -1,
+                          topic_epoch: int | None = None, *, ready: bool = True) -> None:
         r = _cmd(T.PRODUCER_SUCCESS)
         s = r.producer_success
         s.request_id = request_id
         s.producer_name = name
-        s.last_sequence_id = -1
-        s.producer_ready = True
+        s.last_sequence_id = last_sequence_id
+        if topic_epoch is not None:
+            s.topic_epoch = topic_epoch
+        s.producer_ready = ready
         self.send_command(r)
 
     def _new_producer_name(self) -> str:
@@ -624,19 +646,33 @@ class ServerCnx(asyncio.Protocol):
             c.sub.flow(c, cmd.flow.messagePermits)
 
     def _on_ack(self, cmd: pb.BaseCommand) -> None:
+        """ACK, as Pulsar's Consumer.messageAcked: a cumulative ack names one id and is ignored on
+        Shared and Key_Shared subscriptions (the client refuses it before); an id whose ack_set
+        still has bits set is a partial (batch-index) acknowledgement of its batch."""
         a = cmd.ack
         c = self._consumer(a.consumer_id)
         if c is not None:
+            sub = c.sub
             if a.ack_type == pb.CommandAck.Cumulative:
-                if a.message_id:
+                if len(a.message_id) != 1:
+                    log.warning("%s: cumulative ack of %d ids from %s, ignoring", self, len(a.message_id), c)
+                elif sub.dispatcher.individual_ack:
+                    log.warning("%s: cumulative ack on the %s subscription %s, ignoring", self,
+                                SUB_TYPE_NAMES.get(sub.sub_type), sub.name)
+                else:
                     m = a.message_id[0]
-                    c.sub.ack_cumulative(Position(frames.to_signed64(m.ledgerId),
-                                                  frames.to_signed64(m.entryId)))
+                    pos = Position(frames.to_signed64(m.ledgerId), frames.to_signed64(m.entryId))
+                    sub.ack_cumulative(pos, list(m.ack_set) if m.ack_set else None)
             else:
-                # an id with a non-empty ack_set still holds unacked batch messages: not an entry ack
-                c.sub.ack_individual(
-                    Position(frames.to_signed64(m.ledgerId), frames.to_signed64(m.entryId))
-                    for m in a.message_id if not any(m.ack_set))
+                whole = []
+                for m in a.message_id:
+                    pos = Position(frames.to_signed64(m.ledgerId), frames.to_signed64(m.entryId))
+                    if any(m.ack_set):
+                        sub.ack_batch_index(pos, list(m.ack_set))
+                    else:
+                        whole.append(pos)
+                if whole:
+                    sub.ack_individual(whole)
         if a.HasField("request_id"):
             r = _cmd(T.ACK_RESPONSE)
             r.ackResponse.consumer_id = a.consumer_id
@@ -665,7 +701,7 @@ class ServerCnx(asyncio.Protocol):
         u = cmd.unsubscribe
         c = self._consumer(u.consumer_id)
         if c is None:
-            self.send_error(u.request_id, pb.ConsumerNotFound, "Consumer not found")
+            self.send_error(u.request_id, pb.MetadataError, "Consumer not found")
             return
         self._spawn(self._unsubscribe(c, u.request_id, u.force))
 
@@ -683,13 +719,13 @@ class ServerCnx(asyncio.Protocol):
 
     def _on_seek(self, cmd: pb.BaseCommand) -> None:
         sk = cmd.seek
-        c = self._consumer(sk.consumer_id)
-        if c is None:
-            self.send_error(sk.request_id, pb.ConsumerNotFound, "Consumer not found")
-            return
         if not sk.HasField("message_id") and not sk.HasField("message_publish_time"):
             self.send_error(sk.request_id, pb.MetadataError,
                             "Message id and message publish time were not present")
+            return
+        c = self._consumer(sk.consumer_id)
+        if c is None:
+            self.send_error(sk.request_id, pb.MetadataError, "Consumer not found")
             return
         self._spawn(self._seek(c, sk))
 
@@ -705,7 +741,9 @@ class ServerCnx(asyncio.Protocol):
             await sub.reset(target)
         except Exception as e:  # noqa: BLE001
             log.warning("%s: seek on %s: %s", self, sub, e)
-            self.send_error(sk.request_id, pb.UnknownError, f"Failed to seek: {e}")
+            what = ("Error when resetting subscription" if sk.HasField("message_id")
+                    else "Reset subscription to publish time error")
+            self.send_error(sk.request_id, pb.UnknownError, f"{what}: {e}")
             return
         log.info("%s: %s reset to %s", self, sub, target if target is not None else "earliest")
         self.send_success(sk.request_id)
@@ -714,7 +752,7 @@ class ServerCnx(asyncio.Protocol):
         g = cmd.getLastMessageId
         c = self._consumer(g.consumer_id)
         if c is None:
-            self.send_error(g.request_id, pb.ConsumerNotFound, "Consumer not found")
+            self.send_error(g.request_id, pb.MetadataError, "Consumer not found")
             return
         self._spawn(self._get_last_message_id(c, g.request_id))
 
@@ -729,6 +767,9 @@ class ServerCnx(asyncio.Protocol):
         g.request_id = request_id
         g.last_message_id.ledgerId = frames.to_unsigned64(ledger)
         g.last_message_id.entryId = frames.to_unsigned64(entry)
+        partition = partition_index(c.sub.topic.name)
+        if partition >= 0:
+            g.last_message_id.partition = partition
         if batch_index >= 0:
             g.last_message_id.batch_index = batch_index
         md = c.sub.mark_delete

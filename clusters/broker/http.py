@@ -1,47 +1,133 @@
-"""The broker's admin HTTP API: topic lookup, health, readiness and internal stats on `http_port`.
+"""The broker's admin HTTP API on `http_port`: Pulsar's /admin/v2 and /lookup/v2 paths where they exist.
 
-A small asyncio HTTP/1.1 server (no dependencies) with Pulsar's REST paths, so operators and the
-harness reach a broker the way they would reach a real one.
+Every broker answers every request. What only a topic's owner knows (stats, internal stats, unload)
+is forwarded to the owner and its answer relayed (Pulsar redirects with 307; forwarding serves
+every HTTP client the same way, including those that do not follow redirects for PUT/POST). A
+forwarded request carries `forwarded=true`; a broker that is not the owner of a forwarded request
+answers 503 (ownership is moving) instead of forwarding again. Bodies are JSON.
 
-Routes (GET or HEAD):
+Routes ({t}/{ns}: tenant/namespace; {topic}: the local name; {bundle}: 0xLLLLLLLL_0xUUUUUUUU):
 
-    /lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}[?authoritative=true]
-        200 {"brokerUrl", "brokerUrlTls", "httpUrl", "httpUrlTls", "nativeUrl"}: the owner, found by
-        the same lookup as the binary protocol. A redirect is followed here (the target broker is
-        asked with authoritative=true, so it takes the bundle), so the answer is the final owner.
-        400 bad topic name, 404 non-persistent, 503 {"reason"} when no owner can be found now.
-    /admin/v2/brokers/health          200 "ok" while the process serves
-    /admin/v2/brokers/ready           200 "ok" with a ZooKeeper session, else 503
-    /admin/v2/persistent/{tenant}/{namespace}/{topic}/partitions      {"partitions": 0}
-    /admin/v2/persistent/{tenant}/{namespace}/{topic}/internalStats   the managed ledger's ledgers
-        and cursors (this broker's in-memory view when it serves the topic, else ZooKeeper's)
+    GET  /metrics                                      Prometheus text (clusters.metrics.REGISTRY)
+    GET  /admin/v2/brokers/health | ready              "ok" (ready: with a ZooKeeper session, else 503)
+    GET  /admin/v2/brokers/{cluster}                   ["host:http_port", ...] live brokers
+    GET  /admin/v2/brokers/{cluster}/{broker}/ownedNamespaces
+                                                       {"t/ns/{bundle}": {"broker_assignment", "is_active",
+                                                        "is_controlled"}} of that broker ({broker}:
+                                                        host:http_port, host:port or node name)
+    GET  /lookup/v2/topic/persistent/{t}/{ns}/{topic}[?authoritative=true]
+                                                       {"brokerUrl", "httpUrl", "nativeUrl", ...}: the
+                                                        owner (a redirect is followed here)
+    GET  /lookup/v2/topic/persistent/{t}/{ns}/{topic}/bundle   "0xLLLLLLLL_0xUUUUUUUU": its bundle
+    GET  /admin/v2/persistent/{t}/{ns}                 topics of the namespace (partitions listed)
+    GET  /admin/v2/persistent/{t}/{ns}/partitioned     partitioned topics of the namespace
+    PUT  /admin/v2/persistent/{t}/{ns}/{topic}         create a non-partitioned topic (409 if it exists)
+    GET  .../{topic}/partitions                        {"partitions": N} (0: not partitioned)
+    PUT  .../{topic}/partitions   body N               create a partitioned topic (409 exists, 400 N<=0)
+    POST .../{topic}/partitions   body N               raise the number of partitions
+    DELETE .../{topic}/partitions                      delete the partitioned-topic metadata
+    GET  .../{topic}/stats                             rates, publishers, subscriptions, backlog, storage
+    GET  .../{topic}/partitioned-stats                 the partitions' stats summed (+ "partitions")
+    GET  .../{topic}/internalStats                     ledgers (with BookKeeper metadata: ensembles,
+                                                        state, lastEntryId), cursors (markDeletePosition,
+                                                        individuallyDeletedMessages, cursorLedger)
+    PUT  .../{topic}/unload                            close the topic on its owner (clients reconnect)
+    GET|POST|DELETE .../{topic}/deduplicationEnabled   topic-level deduplication override (body
+                                                        true/false; also .../deduplication)
+    GET  /admin/v2/namespaces/{t}                      namespaces of the tenant
+    GET  /admin/v2/namespaces/{t}/{ns}                 its policies (also .../policies); PUT creates it
+    GET  /admin/v2/namespaces/{t}/{ns}/topics          topics of the namespace
+    GET  /admin/v2/namespaces/{t}/{ns}/bundles         {"boundaries", "numBundles", "owners"}
+    GET  /admin/v2/namespaces/{t}/{ns}/{bundle}        {"bundle", "owner", "brokerUrl", "httpUrl", "topics"}
+    PUT  /admin/v2/namespaces/{t}/{ns}/{bundle}/unload the owner closes the bundle's topics and gives it up
+    PUT  /admin/v2/namespaces/{t}/{ns}/unload          every bundle of the namespace
+    GET|POST|DELETE /admin/v2/namespaces/{t}/{ns}/retention      {"retentionTimeInMinutes", "retentionSizeInMB"}
+    GET|POST|DELETE /admin/v2/namespaces/{t}/{ns}/messageTTL     seconds (integer body)
+    GET|POST|DELETE /admin/v2/namespaces/{t}/{ns}/deduplication  true/false
+    GET|POST|DELETE /admin/v2/namespaces/{t}/{ns}/persistence    {"bookkeeperEnsemble",
+                                                        "bookkeeperWriteQuorum", "bookkeeperAckQuorum"}
+        GET of a single policy answers the namespace's own setting (null when unset: the broker
+        default applies); .../policies answers the effective values. DELETE removes the setting.
 
-Requests are bounded (16 KiB of head, 64 KiB of body, timeouts); malformed ones get 400, never a
-crash. Connections are kept alive unless the client asks otherwise.
+Errors are JSON {"reason": "..."} naming the problem: 400 malformed JSON, a wrong type or value, a
+malformed name; 404 unknown path, topic, partitioned topic or bundle; 405 (with Allow) a method the
+path does not take; 409 already exists; 503 when ZooKeeper or the owner cannot be reached now.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import re
 from typing import Any
+from urllib.parse import quote, urlencode
 
+from clusters.broker.dedup import DEDUP_CURSOR
+from clusters.broker.managed_ledger import Position
 from clusters.httpd import (HttpError, HttpServer, Request, Response, error, http_get, http_request,  # noqa: F401
                             parse_request_head)
 
 log = logging.getLogger(__name__)
 
 HOP_TIMEOUT = 8.0                    # asking the broker a lookup was redirected to
+FORWARD_TIMEOUT = 30.0               # a request forwarded to a topic's or bundle's owner
 ZK_READ_TIMEOUT = 3.0
 MAX_REDIRECTS = 2
 BROKERS_PATH = "/loadbalance/brokers"
 ML_ROOT = "/managed-ledgers"
+NAMESPACE_ROOT = "/namespace"
+POLICIES_ROOT = "/admin/policies"
+FULL_RANGE = 1 << 32
+
+_NAME_RE = re.compile(r"^[-=:.\w]+$")
+_BUNDLE_RE = re.compile(r"^0x([0-9a-fA-F]{8})_0x([0-9a-fA-F]{8})$")
+_TOPIC_ACTIONS = {
+    "partitions": ("GET", "PUT", "POST", "DELETE"),
+    "stats": ("GET",),
+    "partitioned-stats": ("GET",),
+    "internalStats": ("GET",),
+    "unload": ("PUT",),
+    "deduplicationEnabled": ("GET", "POST", "DELETE"),
+    "deduplication": ("GET", "POST", "DELETE"),
+}
+_NS_POLICY_ACTIONS = ("retention", "messageTTL", "deduplication", "persistence")
+
+
+class MethodNotAllowed(HttpError):
+    def __init__(self, method: str, what: str, allowed: tuple[str, ...]):
+        allowed = tuple(dict.fromkeys(allowed + (("HEAD",) if "GET" in allowed else ())))
+        super().__init__(405, f"method {method} not allowed on {what}; use {', '.join(allowed)}")
+        self.allowed = allowed
+
+
+def _allow(req: Request, what: str, *allowed: str) -> str:
+    """The request's method (HEAD counts as GET) if `allowed` takes it, else 405."""
+    method = "GET" if req.method == "HEAD" else req.method
+    if method not in allowed:
+        raise MethodNotAllowed(req.method, what, allowed)
+    return method
+
+
+def _check_name(kind: str, value: str) -> str:
+    if not _NAME_RE.match(value):
+        raise HttpError(400, f"invalid {kind} name {value[:60]!r}: use letters, digits and -_=:.")
+    return value
+
+
+async def _zk(coro: Any) -> Any:
+    try:
+        return await asyncio.wait_for(coro, ZK_READ_TIMEOUT)
+    except (HttpError, ValueError):       # ValueError: PartitionError, PolicyError (the caller's)
+        raise
+    except Exception as e:
+        raise HttpError(503, f"ZooKeeper is not reachable now: {type(e).__name__}: {e}") from None
 
 
 class AdminHttpServer(HttpServer):
     """The admin HTTP server of one broker (a BrokerService: config, store, lookup(), topics)."""
 
     NAME = "admin HTTP"
+    METHODS = ("GET", "HEAD", "PUT", "POST", "DELETE")
 
     def __init__(self, service: Any):
         super().__init__(service.config.host, service.config.http_port)
@@ -50,22 +136,32 @@ class AdminHttpServer(HttpServer):
 
     # -- routing ----------------------------------------------------------------------
     async def route(self, req: Request) -> Response:
+        try:
+            return await self._route(req)
+        except MethodNotAllowed as e:
+            return Response(405, {"reason": e.reason}, headers={"Allow": ", ".join(e.allowed)})
+
+    async def _route(self, req: Request) -> Response:
         s = req.segments
-        if s[:3] == ["admin", "v2", "brokers"] and len(s) == 4:
-            if s[3] == "health":
-                return Response(200, "ok")
-            if s[3] == "ready":
-                if self.service.store.connected:
-                    return Response(200, "ok")
-                return error(503, "no ZooKeeper session")
-        if s[:3] == ["lookup", "v2", "topic"] and len(s) >= 7:
-            topic = self._topic(s[3], s[4:])
-            return Response(200, await self.lookup(topic, req.flag("authoritative")))
-        if s[:2] == ["admin", "v2"] and len(s) >= 7 and s[-1] in ("partitions", "internalStats"):
-            topic = self._topic(s[2], s[3:-1])
-            if s[-1] == "partitions":
-                return Response(200, {"partitions": 0})
-            return Response(200, await self.internal_stats(topic))
+        if s == ["metrics"]:
+            _allow(req, "/metrics", "GET")
+            from clusters import metrics
+            return Response(200, metrics.REGISTRY.render(), content_type=metrics.CONTENT_TYPE)
+        if s[:2] == ["lookup", "v2"]:
+            if len(s) == 8 and s[2] == "topic" and s[7] == "bundle":
+                _allow(req, "a topic's bundle", "GET")
+                topic = self._topic(s[3], s[4:7])
+                return Response(200, self.service.ownership.bundle(topic).range_name)
+            if len(s) >= 7 and s[2] == "topic":
+                _allow(req, "a topic lookup", "GET")
+                topic = self._topic(s[3], s[4:])
+                return Response(200, await self.lookup(topic, req.flag("authoritative")))
+        elif s[:3] == ["admin", "v2", "brokers"]:
+            return await self._brokers(req, s[3:])
+        elif s[:3] == ["admin", "v2", "namespaces"] and len(s) >= 4:
+            return await self._namespaces(req, s[3:])
+        elif s[:2] == ["admin", "v2"] and len(s) >= 5 and s[2] in ("persistent", "non-persistent"):
+            return await self._topics(req, s[2], s[3:])
         raise HttpError(404, f"no such resource: {req.path[:200]}")
 
     @staticmethod
@@ -76,7 +172,397 @@ class AdminHttpServer(HttpServer):
             raise HttpError(404, f"unknown topic domain {domain[:40]!r}")
         if len(parts) < 3 or not all(parts):
             raise HttpError(400, "expected {tenant}/{namespace}/{topic}")
+        _check_name("tenant", parts[0])
+        _check_name("namespace", parts[1])
         return f"persistent://{'/'.join(parts)}"
+
+    # -- /admin/v2/brokers -----------------------------------------------------------------
+    async def _brokers(self, req: Request, rest: list[str]) -> Response:
+        if len(rest) == 1 and rest[0] in ("health", "ready"):
+            _allow(req, f"/admin/v2/brokers/{rest[0]}", "GET")
+            if rest[0] == "health" or self.service.store.connected:
+                return Response(200, "ok")
+            return error(503, "no ZooKeeper session")
+        if len(rest) == 1:
+            _allow(req, "the broker list", "GET")
+            self._check_cluster(rest[0])
+            return Response(200, sorted(b["web"] for b in await self._live_brokers()))
+        if len(rest) == 3 and rest[2] == "ownedNamespaces":
+            _allow(req, "ownedNamespaces", "GET")
+            self._check_cluster(rest[0])
+            return await self._owned_namespaces(req, rest[1])
+        raise HttpError(404, f"no such resource: {req.path[:200]}")
+
+    def _check_cluster(self, cluster: str) -> None:
+        if cluster != self.cfg.cluster:
+            raise HttpError(404, f"unknown cluster {cluster[:60]!r}; this broker belongs to {self.cfg.cluster!r}")
+
+    async def _live_brokers(self) -> list[dict[str, str]]:
+        """Every registered broker: {"id": host:port, "web": host:http_port, "web_url", "name"}."""
+        out = []
+        for key in await _zk(self.service.store.children(BROKERS_PATH)):
+            got = await _zk(self.service.store.get_or_none(f"{BROKERS_PATH}/{key}"))
+            data = _json_or_empty(got[0] if got else b"")
+            web_url = data.get("web_url") if isinstance(data.get("web_url"), str) else \
+                f"http://{key.rsplit(':', 1)[0]}:{self.cfg.http_port}"
+            out.append({"id": key, "web": web_url.split("://", 1)[-1], "web_url": web_url,
+                        "name": str(data.get("name", ""))})
+        return out
+
+    async def _owned_namespaces(self, req: Request, broker: str) -> Response:
+        me = {self.service.ownership.me, self.cfg.web_url.split("://", 1)[-1], self.cfg.name}
+        if broker in me:
+            owned = sorted(str(b) for b in self.service.ownership.owned)
+            return Response(200, {b: {"broker_assignment": "shared", "is_controlled": False, "is_active": True}
+                                  for b in owned})
+        for b in await self._live_brokers():
+            if broker in (b["id"], b["web"], b["name"]):
+                return await self._forward(req, b["web_url"], f"broker {broker}")
+        raise HttpError(404, f"broker {broker[:80]!r} is not a live broker of cluster {self.cfg.cluster!r}")
+
+    # -- /admin/v2/persistent/... -----------------------------------------------------------
+    async def _topics(self, req: Request, domain: str, rest: list[str]) -> Response:
+        if domain == "non-persistent":
+            raise HttpError(404, "non-persistent topics are not supported by this broker")
+        tenant = _check_name("tenant", rest[0])
+        ns = _check_name("namespace", rest[1])
+        namespace = f"{tenant}/{ns}"
+        if len(rest) == 2:
+            _allow(req, "the topic list", "GET")
+            return Response(200, await self._namespace_topics(namespace))
+        if len(rest) == 3 and rest[2] == "partitioned" and req.method in ("GET", "HEAD"):
+            from clusters.broker import partitions as parts
+            return Response(200, list(await _zk(parts.partitioned_topics(self.service.store, namespace))))
+        if not rest[2]:
+            raise HttpError(400, "empty topic name")
+        topic = f"persistent://{namespace}/{rest[2]}"
+        if len(rest) == 3:
+            _allow(req, "a topic", "PUT")
+            return await self._create_topic(req, topic)
+        if len(rest) != 4:
+            raise HttpError(404, f"no such resource: {req.path[:200]}")
+        action = rest[3]
+        allowed = _TOPIC_ACTIONS.get(action)
+        if allowed is None:
+            raise HttpError(404, f"no such topic resource {action[:60]!r}; one of {', '.join(_TOPIC_ACTIONS)}")
+        method = _allow(req, f"/{action}", *allowed)
+        if action == "partitions":
+            return await self._partitions(req, method, topic)
+        if action == "partitioned-stats":
+            return await self._partitioned_stats(req, topic)
+        if action in ("deduplicationEnabled", "deduplication"):
+            return await self._topic_dedup(req, method, topic)
+        await self._require_topic(topic)
+        forwarded = await self._forward_to_owner(req, topic)
+        if forwarded is not None:
+            return forwarded
+        if action == "stats":
+            return Response(200, await self.topic_stats(topic))
+        if action == "internalStats":
+            return Response(200, await self.internal_stats(topic))
+        # unload
+        await self.service.unload_topic(topic)
+        return Response(204, b"")
+
+    async def _namespace_topics(self, namespace: str) -> list[str]:
+        from clusters.broker import partitions as parts
+        return await _zk(parts.topics_of_namespace(self.service.store, namespace))
+
+    async def _require_topic(self, topic: str) -> None:
+        from clusters.broker import partitions as parts
+        if topic in self.service.topics:
+            return
+        if await _zk(parts.topic_exists(self.service.store, topic)):
+            return
+        n = await _zk(parts.get_partitions(self.service.store, topic))
+        if n:
+            raise HttpError(404, f"Topic {topic} is a partitioned topic with {n} partitions; ask its "
+                                 f"partitions ({topic}-partition-<i>) or .../partitioned-stats")
+        raise HttpError(404, f"Topic {topic} not found")
+
+    async def _create_topic(self, req: Request, topic: str) -> Response:
+        from clusters.broker import partitions as parts
+        if await _zk(parts.topic_exists(self.service.store, topic)):
+            raise HttpError(409, f"This topic already exists: {topic}")
+        if await _zk(parts.get_partitions(self.service.store, topic)):
+            raise HttpError(409, f"This topic already exists: {topic} is a partitioned topic")
+        forwarded = await self._forward_to_owner(req, topic)
+        if forwarded is not None:
+            return forwarded
+        try:
+            await self.service.get_topic(topic)
+        except Exception as e:
+            raise HttpError(503, f"cannot create {topic} now: {e}") from None
+        return Response(204, b"")
+
+    async def _partitions(self, req: Request, method: str, topic: str) -> Response:
+        from clusters.broker import partitions as parts
+        store = self.service.store
+        try:
+            if method == "GET":
+                return Response(200, {"partitions": await _zk(parts.get_partitions(store, topic))})
+            if method == "DELETE":
+                await _zk(parts.delete_partitioned(store, topic))
+                return Response(204, b"")
+            n = req.json()
+            if method == "PUT":
+                await _zk(parts.create_partitioned(store, topic, n))
+            else:
+                await _zk(parts.update_partitions(store, topic, n))
+        except parts.PartitionError as e:
+            raise HttpError(e.status, str(e)) from None
+        return Response(204, b"")
+
+    async def _topic_dedup(self, req: Request, method: str, topic: str) -> Response:
+        from clusters.broker import partitions as parts
+        if not await _zk(parts.topic_exists(self.service.store, topic)) and \
+                not await _zk(parts.get_partitions(self.service.store, topic)):
+            raise HttpError(404, f"Topic {topic} not found")
+        if method == "GET":
+            value = (await _zk(self.service.topic_policy(topic))).get("deduplicationEnabled")
+            return Response(200, value if isinstance(value, bool) else None)
+        value = None
+        if method == "POST":
+            value = req.json()
+            if not isinstance(value, bool):
+                raise HttpError(400, f"deduplication must be true or false, got {json.dumps(value)[:40]}")
+        await _zk(self.service.set_topic_policy(topic, "deduplicationEnabled", value))
+        return Response(204, b"")
+
+    async def _partitioned_stats(self, req: Request, topic: str) -> Response:
+        from clusters.broker import partitions as parts
+        n = await _zk(parts.get_partitions(self.service.store, topic))
+        if not n:
+            raise HttpError(404, f"Partitioned topic {topic} not found")
+        per = {}
+        for i in range(n):
+            name = parts.partition_name(topic, i)
+            status, body = await self._local_or_forward_json(req, name, "stats")
+            if status != 200:
+                raise HttpError(503, f"stats of {name}: {status} {body}")
+            per[name] = body
+        total: dict[str, Any] = {"metadata": {"partitions": n}, "partitions": {}}
+        keys = ("msgRateIn", "msgThroughputIn", "msgRateOut", "msgThroughputOut", "msgInCounter",
+                "bytesInCounter", "msgOutCounter", "bytesOutCounter", "storageSize")
+        for k in keys:
+            total[k] = sum(p.get(k, 0) for p in per.values())
+        total["publishers"] = [pub for p in per.values() for pub in p.get("publishers", [])]
+        subs: dict[str, Any] = {}
+        for p in per.values():
+            for sname, st in p.get("subscriptions", {}).items():
+                agg = subs.setdefault(sname, {"msgBacklog": 0, "unackedMessages": 0, "msgRateOut": 0.0,
+                                              "msgThroughputOut": 0.0, "type": st.get("type"), "consumers": []})
+                for k in ("msgBacklog", "unackedMessages", "msgRateOut", "msgThroughputOut"):
+                    agg[k] += st.get(k, 0)
+                agg["consumers"].extend(st.get("consumers", []))
+        total["subscriptions"] = subs
+        if req.flag("perPartition") or "perPartition" not in req.query:
+            total["partitions"] = per
+        return Response(200, total)
+
+    async def _local_or_forward_json(self, req: Request, topic: str, action: str) -> tuple[int, Any]:
+        """(status, JSON) of `action` on `topic`, computed here if we own it, else by its owner."""
+        sub = Request("GET", f"/admin/v2/{topic.replace('://', '/', 1)}/{action}",
+                      ["admin", "v2", *topic.replace("://", "/", 1).split("/"), action],
+                      {}, req.version, {}, False)
+        resp = await self._forward_to_owner(sub, topic)
+        if resp is None:
+            return 200, await self.topic_stats(topic)
+        try:
+            return resp.status, json.loads(resp.body or b"null")
+        except ValueError:
+            return resp.status, resp.body[:200].decode(errors="replace")
+
+    # -- forwarding to the owner -----------------------------------------------------------
+    async def _forward_to_owner(self, req: Request, topic: str) -> Response | None:
+        """None when this broker serves `topic` (it takes an unowned bundle if the lookup says so);
+        else the owner's answer to the same request."""
+        svc = self.service
+        if svc.ownership.owns(topic):
+            return None
+        try:
+            res = await svc.lookup(topic, req.flag("authoritative"))
+        except Exception as e:
+            raise HttpError(503, f"cannot find the owner of {topic} now: {type(e).__name__}: {e}") from None
+        if res.kind == "failed":
+            raise HttpError(503, res.message or f"cannot find the owner of {topic} now")
+        if res.kind == "connect" and res.url == self.cfg.service_url:
+            return None
+        if req.flag("forwarded"):
+            raise HttpError(503, f"{topic} is owned by {res.url}, not this broker (ownership is moving); retry")
+        web = await self.web_url_of(res.url)
+        return await self._forward(req, web, topic, authoritative=res.kind == "redirect")
+
+    async def _forward(self, req: Request, web_url: str, what: str, *, authoritative: bool = False) -> Response:
+        query = {k: v[-1] for k, v in req.query.items()}
+        query["forwarded"] = "true"
+        if authoritative:
+            query["authoritative"] = "true"
+        path = "/" + "/".join(quote(seg, safe="") for seg in req.segments)
+        url = f"{web_url}{path}?{urlencode(query)}"
+        method = "GET" if req.method == "HEAD" else req.method
+        try:
+            status, body = await http_request(method, url, FORWARD_TIMEOUT,
+                                              body=req.body if req.body else (b"" if method in ("PUT", "POST") else None))
+        except Exception as e:
+            raise HttpError(503, f"{what}: its owner at {web_url} did not answer: {type(e).__name__}: {e}") from None
+        if not body:
+            return Response(status, b"")
+        try:
+            return Response(status, json.loads(body))
+        except ValueError:
+            return Response(status, body, content_type="text/plain; charset=utf-8")
+
+    # -- /admin/v2/namespaces/... ------------------------------------------------------------
+    async def _namespaces(self, req: Request, rest: list[str]) -> Response:
+        tenant = _check_name("tenant", rest[0])
+        if len(rest) == 1:
+            _allow(req, "the namespace list", "GET")
+            return Response(200, await self._tenant_namespaces(tenant))
+        ns = _check_name("namespace", rest[1])
+        namespace = f"{tenant}/{ns}"
+        if len(rest) == 2:
+            method = _allow(req, "a namespace", "GET", "PUT")
+            if method == "PUT":
+                return await self._create_namespace(namespace)
+            return Response(200, await self._effective_policies(namespace))
+        what = rest[2]
+        if len(rest) == 3:
+            if what == "policies":
+                _allow(req, "/policies", "GET")
+                return Response(200, await self._effective_policies(namespace))
+            if what == "topics":
+                _allow(req, "/topics", "GET")
+                return Response(200, await self._namespace_topics(namespace))
+            if what == "bundles":
+                _allow(req, "/bundles", "GET")
+                return Response(200, await self._bundles(namespace))
+            if what == "unload":
+                _allow(req, "/unload", "PUT")
+                for b in self._bundle_list(namespace):
+                    await self._unload_bundle(req, b)
+                return Response(204, b"")
+            if what in _NS_POLICY_ACTIONS:
+                method = _allow(req, f"/{what}", "GET", "POST", "DELETE")
+                return await self._ns_policy(req, method, namespace, what)
+            if what.startswith("0x"):
+                _allow(req, "a bundle", "GET")
+                return Response(200, await self._bundle_info(namespace, self._parse_bundle(namespace, what)))
+            raise HttpError(404, f"no such namespace resource {what[:60]!r}")
+        if len(rest) == 4 and rest[3] == "unload" and what.startswith("0x"):
+            _allow(req, "/unload", "PUT")
+            bundle = self._parse_bundle(namespace, what)
+            return await self._unload_bundle(req, bundle)
+        raise HttpError(404, f"no such resource: {req.path[:200]}")
+
+    async def _tenant_namespaces(self, tenant: str) -> list[str]:
+        names: set[str] = set()
+        for root in (POLICIES_ROOT, ML_ROOT, NAMESPACE_ROOT, "/admin/partitioned-topics"):
+            names.update(await _zk(self.service.store.children(f"{root}/{tenant}")))
+        return sorted(f"{tenant}/{n}" for n in names)
+
+    async def _create_namespace(self, namespace: str) -> Response:
+        path = f"{POLICIES_ROOT}/{namespace}"
+        try:
+            await asyncio.wait_for(self.service.store.create(path, b"{}", makepath=True), ZK_READ_TIMEOUT)
+        except asyncio.TimeoutError:
+            raise HttpError(503, "ZooKeeper is not reachable now") from None
+        except Exception as e:
+            if type(e).__name__ == "NodeExistsError":
+                raise HttpError(409, f"Namespace already exists: {namespace}") from None
+            raise HttpError(503, f"ZooKeeper is not reachable now: {type(e).__name__}: {e}") from None
+        return Response(204, b"")
+
+    async def _stored_policies(self, namespace: str) -> dict[str, Any]:
+        """The namespace's policies as stored now (read from ZooKeeper, not this broker's cache, so
+        a change made through another broker reads back at once)."""
+        got = await _zk(self.service.store.get_or_none(f"{POLICIES_ROOT}/{namespace}"))
+        return _json_or_empty(got[0] if got else b"")
+
+    async def _effective_policies(self, namespace: str) -> dict[str, Any]:
+        from clusters.broker.policies import NamespacePolicies, PolicyError
+        cache = self.service.policies
+        try:
+            pol = NamespacePolicies.from_json(await self._stored_policies(namespace), cache.base)
+        except PolicyError:
+            pol = cache.base
+        out = pol.to_json()
+        out["bundles"] = self._bundles_json(namespace)
+        return out
+
+    async def _ns_policy(self, req: Request, method: str, namespace: str, what: str) -> Response:
+        from clusters.broker.policies import PolicyError
+        key = {"retention": "retention_policies", "messageTTL": "message_ttl_in_seconds",
+               "deduplication": "deduplicationEnabled", "persistence": "persistence"}[what]
+        if method == "GET":
+            return Response(200, (await self._stored_policies(namespace)).get(key))
+        value = None
+        if method == "POST":
+            value = _validate_policy(what, req.json())
+        try:
+            await _zk(self.service.policies.update(namespace, {key: value}))
+        except PolicyError as e:
+            raise HttpError(400, f"invalid {what}: {e}") from None
+        return Response(204, b"")
+
+    # -- bundles -------------------------------------------------------------------------
+    def _bundle_list(self, namespace: str) -> list[Any]:
+        from clusters.broker.ownership import Bundle
+        n = max(1, int(self.cfg.bundles))
+        width = FULL_RANGE // n
+        return [Bundle(namespace, i * width, FULL_RANGE if i == n - 1 else (i + 1) * width) for i in range(n)]
+
+    def _bundles_json(self, namespace: str) -> dict[str, Any]:
+        bundles = self._bundle_list(namespace)
+        bounds = [f"0x{b.lower:08x}" for b in bundles] + ["0xffffffff"]
+        return {"boundaries": bounds, "numBundles": len(bundles)}
+
+    async def _bundles(self, namespace: str) -> dict[str, Any]:
+        out = self._bundles_json(namespace)
+        owners = {}
+        for b in self._bundle_list(namespace):
+            owners[b.range_name] = await _zk(self.service.ownership.owner(b))
+        out["owners"] = owners
+        return out
+
+    def _parse_bundle(self, namespace: str, name: str) -> Any:
+        if not _BUNDLE_RE.match(name):
+            raise HttpError(400, f"malformed bundle {name[:60]!r}; expected 0xLLLLLLLL_0xUUUUUUUU")
+        for b in self._bundle_list(namespace):
+            if b.range_name == name.lower():
+                return b
+        names = ", ".join(b.range_name for b in self._bundle_list(namespace))
+        raise HttpError(404, f"no bundle {name[:60]} in {namespace}; its bundles are {names}")
+
+    async def _bundle_info(self, namespace: str, bundle: Any) -> dict[str, Any]:
+        got = await _zk(self.service.store.get_or_none(bundle.path))
+        data = _json_or_empty(got[0] if got else b"")
+        from clusters.broker.ownership import bundle_of
+        topics = [t for t in await self._namespace_topics(namespace)
+                  if bundle_of(t, int(self.cfg.bundles)) == bundle]
+        return {"bundle": str(bundle), "range": bundle.range_name, "owner": data.get("broker"),
+                "brokerUrl": data.get("service_url"), "httpUrl": data.get("web_url"),
+                "brokerName": data.get("name"), "topics": topics}
+
+    async def _unload_bundle(self, req: Request, bundle: Any) -> Response:
+        svc = self.service
+        owner = await _zk(svc.ownership.owner(bundle))
+        if owner is None:
+            return Response(204, b"")          # not owned by anyone: nothing to unload (as Pulsar)
+        if owner == svc.ownership.me:
+            await svc.unload_bundle(bundle)
+            return Response(204, b"")
+        if req.flag("forwarded"):
+            raise HttpError(503, f"bundle {bundle} is owned by {owner}, not this broker (ownership is moving)")
+        web = await self.web_url_of(f"pulsar://{owner}")
+        sub = Request("PUT", f"/admin/v2/namespaces/{bundle}/unload",
+                      ["admin", "v2", "namespaces", *str(bundle).split("/"), "unload"],
+                      {}, req.version, {}, False)
+        resp = await self._forward(sub, web, f"bundle {bundle}")
+        if resp.status >= 300:
+            raise HttpError(resp.status if resp.status >= 400 else 503,
+                            f"unloading {bundle} on {owner}: {resp.body[:200].decode(errors='replace')}")
+        return Response(204, b"")
 
     # -- lookup -----------------------------------------------------------------------
     async def lookup(self, topic: str, authoritative: bool = False) -> dict[str, str]:
@@ -125,49 +611,179 @@ class AdminHttpServer(HttpServer):
         host = hostport.rsplit(":", 1)[0]
         return f"http://{host}:{self.cfg.http_port}"
 
+    # -- topic stats ---------------------------------------------------------------------
+    async def _loaded(self, topic: str) -> Any:
+        try:
+            return await self.service.get_topic(topic)
+        except Exception as e:
+            raise HttpError(503, f"cannot load {topic} on this broker now: {e}") from None
+
+    async def topic_stats(self, topic: str) -> dict[str, Any]:
+        """Pulsar's TopicStats for a topic this broker serves (loading it if needed)."""
+        t = await self._loaded(topic)
+        svc = self.service
+        rate = getattr(svc, "rate", lambda *k: (0.0, 0.0))
+        r_in, r_out = rate("in", t.name), rate("out", t.name)
+        publishers = []
+        for p in list(t.producers.values()):
+            pr = rate("producer", t.name, p.name, p.producer_id)
+            publishers.append({
+                "producerId": p.producer_id, "producerName": p.name,
+                "accessMode": getattr(p, "access_mode_name", "Shared"),
+                "msgRateIn": pr[0], "msgThroughputIn": pr[1],
+                "averageMsgSize": p.bytes_in / p.msgs_in if p.msgs_in else 0.0,
+                "msgInCounter": p.msgs_in, "bytesInCounter": p.bytes_in,
+                "duplicates": getattr(p, "duplicates", 0), "topicEpoch": getattr(p, "topic_epoch", None),
+                "address": getattr(p.cnx, "remote", ""), "clientVersion": getattr(p.cnx, "client_version", ""),
+                "connectedSince": getattr(p, "connected_since", ""),
+            })
+        subs: dict[str, Any] = {}
+        msgs_out = bytes_out = 0
+        for name, sub in list(t.subscriptions.items()):
+            st = _subscription_stats(svc, t, name, sub, rate)
+            subs[name] = st
+            msgs_out += st["msgOutCounter"]
+            bytes_out += st["bytesOutCounter"]
+        for name, cur in list(getattr(t.ml, "cursors", {}).items()):
+            if name in subs or name == DEDUP_CURSOR or getattr(cur, "deleted", False):
+                continue
+            subs[name] = {"msgRateOut": 0.0, "msgThroughputOut": 0.0, "msgBacklog": _backlog_after(
+                t.ml, getattr(cur, "mark_delete_position", None)), "type": "None", "unackedMessages": 0,
+                "msgRateRedeliver": 0.0, "isDurable": True, "consumers": [], "msgOutCounter": 0,
+                "bytesOutCounter": 0, "markDeletePosition": _pos(getattr(cur, "mark_delete_position", None))}
+        dedup = getattr(t, "dedup", None)
+        return {
+            "msgRateIn": r_in[0], "msgThroughputIn": r_in[1], "msgRateOut": r_out[0], "msgThroughputOut": r_out[1],
+            "msgInCounter": t.msgs_in, "bytesInCounter": t.bytes_in,
+            "msgOutCounter": msgs_out, "bytesOutCounter": bytes_out,
+            "averageMsgSize": t.bytes_in / t.msgs_in if t.msgs_in else 0.0,
+            "storageSize": _storage_size(t.ml),
+            "backlogSize": sum(s["msgBacklog"] for s in subs.values()),
+            "publishers": publishers,
+            "waitingPublishers": len(getattr(t, "_waiting_exclusive", ())),
+            "subscriptions": subs,
+            "deduplicationStatus": dedup.status if dedup is not None else "Disabled",
+            "deduplication": dedup.stats() if dedup is not None else None,
+            "topicEpoch": getattr(t, "topic_epoch", None),
+            "ownerBroker": self.cfg.web_url.split("://", 1)[-1],
+            "broker": self.cfg.name,
+        }
+
     # -- internal stats ----------------------------------------------------------------
     async def internal_stats(self, topic: str) -> dict[str, Any]:
+        """Pulsar's PersistentTopicInternalStats: this broker's in-memory view when it serves the
+        topic, else ZooKeeper's; each ledger with its BookKeeper metadata (ensembles, state)."""
         rest = topic.split("://", 1)[1]
         tenant, namespace, local = rest.split("/", 2)
         ml_name = f"{tenant}/{namespace}/persistent/{local}"
         loaded = self.service.topics.get(topic)
         ml = getattr(loaded, "ml", None)
+        if ml is None and self.service.ownership.owns(topic) and getattr(self.service, "bk", None) is not None:
+            loaded = await self._loaded(topic)
+            ml = loaded.ml
+        extra: dict[str, Any] = {}
         if ml is not None:
             ledgers = [_ledger_json(i.to_json()) for i in ml.ledgers]
             lc = ml.last_confirmed
-            cursors = {name: {"markDeletePosition": _pos(c.mark_delete_position)}
-                       for name, c in ml.cursors.items()}
-            state = getattr(ml, "_state", "unknown")
+            cursors = {name: _cursor_json(c) for name, c in list(ml.cursors.items())
+                       if not getattr(c, "deleted", False)}
+            state = {"open": "LedgerOpened", "rolling": "CreatingLedger", "failed": "WriteFailed",
+                     "fenced": "Fenced", "closed": "Closed"}.get(getattr(ml, "state", ""), "unknown")
             source = "memory"
+            current = ledgers[-1] if ledgers else None
+            extra = {"pendingAddEntriesCount": len(getattr(loaded, "_adds", ())),
+                     "currentLedgerEntries": (lc.entry_id + 1 if lc is not None and current is not None
+                                              and lc.ledger_id == current["ledgerId"] else 0),
+                     "lastLedgerCreatedTimestamp": current["timestamp"] if current else 0}
         else:
             path = f"{ML_ROOT}/{ml_name}"
-            try:
-                got = await asyncio.wait_for(self.service.store.get_or_none(path), ZK_READ_TIMEOUT)
-                if got is None:
-                    raise HttpError(404, f"topic {topic} has no managed ledger")
-                raw = json.loads(got[0] or b"{}")
-                ledgers = [_ledger_json(i) for i in raw.get("ledgers", [])]
-                cursors = {}
-                for name in await asyncio.wait_for(self.service.store.children(path), ZK_READ_TIMEOUT):
-                    c = await asyncio.wait_for(self.service.store.get_or_none(f"{path}/{name}"), ZK_READ_TIMEOUT)
-                    if c is not None:
-                        md = json.loads(c[0] or b"{}").get("mark_delete")
-                        cursors[name] = {"markDeletePosition": f"{md[0]}:{md[1]}" if md else "-1:-1"}
-            except HttpError:
-                raise
-            except Exception as e:
-                raise HttpError(503, f"cannot read {path} from ZooKeeper: {type(e).__name__}: {e}") from None
+            store = self.service.store
+            got = await _zk(store.get_or_none(path))
+            if got is None:
+                raise HttpError(404, f"topic {topic} has no managed ledger")
+            raw = _json_or_empty(got[0])
+            ledgers = [_ledger_json(i) for i in raw.get("ledgers", []) if isinstance(i, dict)]
+            cursors = {}
+            for name in await _zk(store.children(path)):
+                c = await _zk(store.get_or_none(f"{path}/{name}"))
+                if c is not None:
+                    cursors[name] = _cursor_znode_json(_json_or_empty(c[0]))
             lc = None
             state = "not loaded on this broker"
             source = "zookeeper"
+        await self._add_ledger_metadata(ledgers)
         known = [i for i in ledgers if i["entries"] is not None]
         return {
             "topic": topic, "broker": self.cfg.name, "source": source, "state": state,
             "lastConfirmedEntry": _pos(lc),
-            "numberOfEntries": sum(i["entries"] for i in known),
+            "numberOfEntries": sum(i["entries"] for i in known) + extra.get("currentLedgerEntries", 0),
             "totalSize": sum(i["size"] for i in ledgers),
-            "ledgers": ledgers, "cursors": cursors,
+            "ledgers": ledgers, "cursors": cursors, **extra,
         }
+
+    async def _add_ledger_metadata(self, ledgers: list[dict[str, Any]]) -> None:
+        bk = getattr(self.service, "bk", None)
+        for info in ledgers:
+            md = None
+            if bk is not None:
+                try:
+                    md = await asyncio.wait_for(bk.ledger_metadata(info["ledgerId"]), ZK_READ_TIMEOUT)
+                except Exception as e:  # deleted, or ZooKeeper unreachable
+                    info["metadata"] = None
+                    info["metadataError"] = f"{type(e).__name__}: {e}"
+                    continue
+            info["metadata"] = _bk_metadata_json(md) if md is not None else None
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def _json_or_empty(data: bytes) -> dict[str, Any]:
+    try:
+        raw = json.loads(data or b"{}")
+    except ValueError:
+        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+def _validate_policy(what: str, value: Any) -> Any:
+    """Check a namespace policy body's shape (400 naming the problem); returns the stored value."""
+    def integer(v: Any, name: str, minimum: int) -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise HttpError(400, f"{name} must be an integer, got {json.dumps(v)[:40]}")
+        if v < minimum:
+            raise HttpError(400, f"{name} must be >= {minimum}, got {v}")
+        return v
+
+    def obj(v: Any, fields: tuple[str, ...], required: tuple[str, ...], ignored: tuple[str, ...] = ()) -> dict:
+        if not isinstance(v, dict):
+            raise HttpError(400, f"{what} must be a JSON object with {', '.join(fields)}, got {json.dumps(v)[:40]}")
+        unknown = sorted(set(v) - set(fields) - set(ignored))
+        if unknown:
+            raise HttpError(400, f"unknown field {unknown[0]!r} in {what}; expected {', '.join(fields)}")
+        missing = [f for f in required if f not in v]
+        if missing:
+            raise HttpError(400, f"{what} needs {', '.join(missing)}")
+        return v
+
+    if what == "messageTTL":
+        return integer(value, "messageTTL (seconds)", 0)
+    if what == "deduplication":
+        if not isinstance(value, bool):
+            raise HttpError(400, f"deduplication must be true or false, got {json.dumps(value)[:40]}")
+        return value
+    if what == "retention":
+        v = obj(value, ("retentionTimeInMinutes", "retentionSizeInMB"), ())
+        return {k: integer(v.get(k, 0), k, -1) for k in ("retentionTimeInMinutes", "retentionSizeInMB")}
+    if what == "persistence":
+        fields = ("bookkeeperEnsemble", "bookkeeperWriteQuorum", "bookkeeperAckQuorum")
+        v = obj(value, fields, fields, ignored=("managedLedgerMaxMarkDeleteRate",))
+        out = {k: integer(v[k], k, 1) for k in fields}
+        e, w, a = (out[k] for k in fields)
+        if not e >= w >= a:
+            raise HttpError(400, f"persistence needs bookkeeperEnsemble >= bookkeeperWriteQuorum >= "
+                                 f"bookkeeperAckQuorum, got {e}/{w}/{a}")
+        return out
+    raise HttpError(404, f"no such policy {what}")
 
 
 def _pos(p: Any) -> str:
@@ -176,7 +792,133 @@ def _pos(p: Any) -> str:
 
 def _ledger_json(i: dict[str, Any]) -> dict[str, Any]:
     return {"ledgerId": int(i["ledger_id"]), "entries": i.get("entries"), "size": int(i.get("size") or 0),
-            "timestamp": i.get("timestamp", 0)}
+            "timestamp": i.get("timestamp", 0), "offloaded": False}
+
+
+def _bk_metadata_json(md: Any) -> dict[str, Any]:
+    return {"ensembles": {str(k): list(v) for k, v in sorted(md.ensembles.items())},
+            "state": md.state, "lastEntryId": md.last_entry_id, "length": md.length,
+            "ensembleSize": md.ensemble_size, "writeQuorumSize": md.write_quorum,
+            "ackQuorumSize": md.ack_quorum}
+
+
+def _ranges_str(ranges: Any) -> str:
+    """Pulsar's rendering of individually deleted ranges: `[(3:4..3:6],(3:8..3:9]]` (open-closed)."""
+    return "[" + ",".join(f"({_pos(a)}..{_pos(b)}]" for a, b in ranges) + "]"
+
+
+def _cursor_json(c: Any) -> dict[str, Any]:
+    fn = getattr(c, "individually_deleted_ranges", None)
+    try:
+        ranges = list(fn()) if fn is not None else []
+    except Exception:  # noqa: BLE001
+        ranges = []
+    md = getattr(c, "mark_delete_position", None)
+    return {"markDeletePosition": _pos(md),
+            "readPosition": _pos(Position(md.ledger_id, md.entry_id + 1)) if md is not None else "-1:-1",
+            "individuallyDeletedMessages": _ranges_str(ranges),
+            "totalNonContiguousDeletedMessagesRange": len(ranges),
+            "cursorLedger": getattr(c, "cursor_ledger_id", -1),
+            "state": str(getattr(c, "_state", "open")).capitalize()}
+
+
+def _cursor_znode_json(raw: dict[str, Any]) -> dict[str, Any]:
+    md = raw.get("mark_delete")
+    ranges = []
+    for r in raw.get("individual_deleted") or []:
+        try:
+            ranges.append(f"({r[0]}:{r[1]}..{r[2]}:{r[3]}]")
+        except (IndexError, TypeError):
+            continue
+    return {"markDeletePosition": f"{md[0]}:{md[1]}" if md else "-1:-1",
+            "individuallyDeletedMessages": "[" + ",".join(ranges) + "]",
+            "cursorLedger": raw.get("cursors_ledger_id", -1)}
+
+
+def _storage_size(ml: Any) -> int:
+    fn = getattr(ml, "total_size", None)
+    if fn is not None:
+        try:
+            return int(fn())
+        except Exception:  # noqa: BLE001
+            pass
+    return sum(int(getattr(i, "size", 0) or 0) for i in getattr(ml, "ledgers", []) if not isinstance(i, tuple))
+
+
+def _count_entries(ml: Any, after: Any, upto: Any) -> int:
+    """Entries at positions p with after < p <= upto (after None: from the first)."""
+    if upto is None:
+        return 0
+    lc = ml.last_confirmed
+    n = 0
+    for info in getattr(ml, "ledgers", []):
+        lid = info.ledger_id
+        if lid > upto.ledger_id:
+            break
+        if after is not None and lid < after.ledger_id:
+            continue
+        count = info.entries
+        if count is None:
+            count = lc.entry_id + 1 if lc is not None and lc.ledger_id == lid else 0
+        first = after.entry_id + 1 if after is not None and lid == after.ledger_id else 0
+        last = count - 1
+        if lid == upto.ledger_id:
+            last = min(last, upto.entry_id)
+        if last >= first:
+            n += last - first + 1
+    return n
+
+
+def _backlog_after(ml: Any, mark_delete: Any) -> int:
+    try:
+        return _count_entries(ml, mark_delete, ml.last_confirmed)
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+def subscription_backlog(t: Any, sub: Any) -> int:
+    """Entries not acknowledged: the unread ones plus those delivered and not acknowledged (Pulsar's
+    msgBacklog counts entries, not the messages of a batch)."""
+    ml = t.ml
+    try:
+        rp = getattr(sub, "read_position", None)
+        if rp is None:
+            md = getattr(sub, "mark_delete", None)
+            unread = _count_entries(ml, md, ml.last_confirmed)
+        else:
+            unread = _count_entries(ml, Position(rp.ledger_id, rp.entry_id - 1), ml.last_confirmed)
+        return unread + len(getattr(sub, "outstanding", {}))
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+def _subscription_stats(svc: Any, t: Any, name: str, sub: Any, rate: Any) -> dict[str, Any]:
+    consumers = []
+    sub_m = sub_b = 0
+    for c in list(getattr(sub, "consumers", [])):
+        cr = rate("consumer", t.name, name, c.name, c.consumer_id)
+        pending = getattr(c, "pending", {})
+        consumers.append({
+            "consumerName": c.name, "msgRateOut": cr[0], "msgThroughputOut": cr[1],
+            "availablePermits": max(getattr(c, "permits", 0), 0),
+            "unackedMessages": sum(pending.values()) if isinstance(pending, dict) else 0,
+            "msgOutCounter": getattr(c, "msgs_out", 0), "bytesOutCounter": getattr(c, "bytes_out", 0),
+            "redeliveredMessages": getattr(c, "redelivered", 0),
+            "address": getattr(c.cnx, "remote", ""), "clientVersion": getattr(c.cnx, "client_version", ""),
+            "connectedSince": getattr(c, "connected_since", ""),
+        })
+        sub_m += getattr(c, "msgs_out", 0)
+        sub_b += getattr(c, "bytes_out", 0)
+    sr = rate("sub", t.name, name)
+    from clusters.broker.topic import SUB_TYPE_NAMES
+    md = getattr(sub, "mark_delete", None)
+    return {"msgRateOut": sr[0], "msgThroughputOut": sr[1],
+            "msgBacklog": subscription_backlog(t, sub),
+            "type": SUB_TYPE_NAMES.get(getattr(sub, "sub_type", 0), "?"),
+            "unackedMessages": sum(c["unackedMessages"] for c in consumers),
+            "msgRateRedeliver": 0.0, "isDurable": bool(getattr(sub, "durable", True)),
+            "consumers": consumers, "msgOutCounter": sub_m, "bytesOutCounter": sub_b,
+            "markDeletePosition": _pos(md)}
 
 
 async def serve_http(service: Any) -> AdminHttpServer:

@@ -6,10 +6,15 @@ lives in connection.py / topic.py and reaches storage only through `BrokerServic
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import time
 from typing import Any
 
+from clusters import metrics
 from clusters.bookkeeper.client import BookKeeper
+from clusters.broker import partitions as parts
+from clusters.broker.dedup import DEDUP_CURSOR, MessageDeduplication, ZkSnapshots
 from clusters.broker.http import serve_http
 from clusters.broker.policies import PolicyCache
 from clusters.broker.managed_ledger import (ManagedLedger, ManagedLedgerError, ManagedLedgerFenced,
@@ -21,6 +26,15 @@ from clusters.protocol.topics import normalize_topic
 from clusters.metadata.store import MetadataStore
 
 log = logging.getLogger(__name__)
+
+TOPIC_POLICIES_ROOT = "/admin/topic-policies"   # topic-level overrides: {"deduplicationEnabled": bool}
+RATE_INTERVAL_S = 5.0                           # how often rates (msg/s, bytes/s) are recomputed
+
+
+def topic_policies_path(topic: str) -> str:
+    domain, rest = topic.split("://", 1)
+    tenant, ns, local = rest.split("/", 2)
+    return f"{TOPIC_POLICIES_ROOT}/{tenant}/{ns}/{domain}/{local}"
 
 
 class BrokerService:
@@ -35,6 +49,13 @@ class BrokerService:
         self.connections: set[Any] = set()
         self.server: asyncio.AbstractServer | None = None
         self.http: Any = None
+        self.started = time.time()
+        self.rates: dict[tuple, tuple[float, float]] = {}        # key -> (msg/s, bytes/s)
+        self._rate_last: dict[tuple, tuple[float, float, float]] = {}
+        self._rate_task: asyncio.Task | None = None
+        self._topic_policies: dict[str, dict[str, Any]] = {}     # topic -> its override znode
+        self._unloading: set[Bundle] = set()
+        self.policies.on_change(self._namespace_policies_changed)
 
     async def start(self) -> "BrokerService":
         from clusters.broker.connection import serve_connections
@@ -45,6 +66,8 @@ class BrokerService:
         self.server = await serve_connections(self, self.config.host, self.config.port)
         self.http = await serve_http(self)          # the admin HTTP API (clusters/broker/http.py)
         await self.ownership.start()
+        register_metrics(self)
+        self._rate_task = asyncio.get_running_loop().create_task(self._rates_loop())
         log.info("broker %s serving %s", self.config.name, self.config.service_url)
         return self
 
@@ -52,6 +75,8 @@ class BrokerService:
         """Graceful shutdown: close topics (their ledgers), release bundles, disconnect."""
         if self.server is not None:
             self.server.close()
+        if self._rate_task is not None:
+            self._rate_task.cancel()
         if self.http is not None:
             await self.http.close()
         for name in list(self.topics):
@@ -77,10 +102,24 @@ class BrokerService:
         self.connections.discard(cnx)
 
     async def lookup(self, topic: str, authoritative: bool) -> LookupResult:
-        return await self.ownership.lookup(normalize_topic(topic), authoritative)
+        topic = normalize_topic(topic)
+        if self._unloading:
+            try:
+                bundle = self.ownership.bundle(topic)
+            except ValueError:
+                bundle = None
+            if bundle in self._unloading:
+                return LookupResult("failed", error="ServiceNotReady",
+                                    message=f"Namespace bundle {bundle} is being unloaded; retry")
+        return await self.ownership.lookup(topic, authoritative)
 
     async def partitions(self, topic: str) -> int:
-        return 0
+        """PARTITIONED_METADATA: N for a partitioned topic (metadata in ZooKeeper), else 0."""
+        return await parts.get_partitions(self.store, normalize_topic(topic))
+
+    async def topics_of_namespace(self, namespace: str) -> list[str]:
+        """GET_TOPICS_OF_NAMESPACE: persistent topics with a managed ledger, plus every partition."""
+        return await parts.topics_of_namespace(self.store, namespace)
 
     async def get_topic(self, topic: str) -> Topic:
         topic = normalize_topic(topic)
@@ -99,11 +138,13 @@ class BrokerService:
 
     async def _load_topic(self, topic: str) -> Topic:
         try:
-            topic_namespace(topic)
+            namespace, _ = topic_namespace(topic)
         except ValueError as e:
             raise ServiceUnitNotReady(str(e)) from e
         try:
-            ml = await ManagedLedger.open(ml_name(topic), self.store, self.bk, self.config)
+            await self.policies.get(namespace)       # read (and watch) the namespace's policies
+            ml = await ManagedLedger.open(ml_name(topic), self.store, self.bk, self.config,
+                                          policies=self.policies)
         except ManagedLedgerFenced as e:
             raise ServiceUnitNotReady(f"Topic {topic} is being loaded by another broker: {e}") from e
         except ManagedLedgerError as e:
@@ -111,9 +152,165 @@ class BrokerService:
         except Exception as e:  # ZooKeeper unreachable, etc.: the client retries
             raise ServiceUnitNotReady(f"Failed to load topic {topic}: {e}") from e
         t = Topic(topic, ml, self)
+        t.dedup = MessageDeduplication(topic, ml, ZkSnapshots(self.store, ml_name(topic)))
+        try:
+            # before any producer attaches: rebuild the sequence ids from the snapshot and the
+            # entries after it (the state the previous owner had), or drop a stale dedup cursor
+            enabled = await self.deduplication_enabled(topic)
+            if enabled or DEDUP_CURSOR in ml.cursors:
+                await t.dedup.apply(enabled)
+        except Exception as e:
+            log.warning("%s: recovering deduplication state: %s", topic, e)
+            try:
+                await ml.close()
+            except Exception:
+                pass
+            raise ServiceUnitNotReady(f"Failed to load topic {topic}: deduplication state: {e}") from e
         self.topics[topic] = t
         log.info("loaded topic %s", topic)
         return t
+
+    # -- deduplication policy ------------------------------------------------------------
+    async def topic_policy(self, topic: str) -> dict[str, Any]:
+        """The topic-level policy overrides of `topic` (watched; {} when none)."""
+        got = self._topic_policies.get(topic)
+        if got is not None:
+            return got
+        path = topic_policies_path(topic)
+        data = await self.store.get_or_none(path)
+        raw = _decode_json(data[0] if data else b"")
+        self._topic_policies[topic] = raw
+
+        def on_data(new: bytes | None, topic: str = topic) -> None:
+            value = _decode_json(new or b"")
+            if self._topic_policies.get(topic) != value:
+                self._topic_policies[topic] = value
+                self._reapply_dedup(lambda name: name == topic or parts.base_name(name) == topic)
+        try:
+            self.store.watch_data(path, on_data)
+        except Exception:
+            log.debug("no watch on %s", path, exc_info=True)
+        return raw
+
+    async def set_topic_policy(self, topic: str, key: str, value: Any) -> dict[str, Any]:
+        """Set (value None: remove) one topic-level override; returns the topic's overrides."""
+        path = topic_policies_path(topic)
+        for _ in range(10):
+            got = await self.store.get_or_none(path)
+            raw = _decode_json(got[0] if got else b"")
+            if value is None:
+                raw.pop(key, None)
+            else:
+                raw[key] = value
+            data = json.dumps(raw, sort_keys=True).encode()
+            try:
+                if got is None:
+                    await self.store.create(path, data, makepath=True)
+                else:
+                    await self.store.set(path, data, version=got[1])
+            except Exception as e:
+                if type(e).__name__ in ("NodeExistsError", "BadVersionError"):
+                    continue
+                raise
+            self._topic_policies[topic] = raw
+            self._reapply_dedup(lambda name: name == topic or parts.base_name(name) == topic)
+            return raw
+        raise RuntimeError(f"could not update {path}: too many concurrent writers")
+
+    async def deduplication_enabled(self, topic: str) -> bool:
+        """The topic's override, else its partitioned topic's, else the namespace policy (whose own
+        default is the broker's deduplication_enabled), as Pulsar's hierarchy of policies."""
+        for name in dict.fromkeys((topic, parts.base_name(topic))):
+            value = (await self.topic_policy(name)).get("deduplicationEnabled")
+            if isinstance(value, bool):
+                return value
+        namespace, _ = topic_namespace(topic)
+        return (await self.policies.get(namespace)).deduplication
+
+    def _namespace_policies_changed(self, namespace: str, _policies: Any) -> None:
+        self._reapply_dedup(lambda name: name.split("://", 1)[-1].startswith(namespace + "/"))
+
+    def _reapply_dedup(self, which: Any) -> None:
+        for name, t in list(self.topics.items()):
+            if which(name) and t.dedup is not None and not t.closed:
+                asyncio.get_running_loop().create_task(self._apply_dedup(t))
+
+    async def _apply_dedup(self, t: Topic) -> None:
+        try:
+            await t.dedup.apply(await self.deduplication_enabled(t.name))
+        except Exception as e:  # noqa: BLE001 - publishing goes on without deduplication (Failed)
+            log.warning("%s: changing deduplication: %s", t.name, e)
+
+    # -- unloading (admin API) -------------------------------------------------------------
+    async def unload_topic(self, topic: str) -> bool:
+        """Close a topic served here; its clients look it up again (this broker keeps the bundle)."""
+        topic = normalize_topic(topic)
+        if topic not in self.topics:
+            return False
+        await self._unload_topic(topic)
+        return True
+
+    async def unload_bundle(self, bundle: Bundle) -> list[str]:
+        """Stop serving a bundle: close its topics, then give up its ownership znode, so the next
+        lookup assigns it afresh (Pulsar's bundle unload). Returns the topics closed."""
+        self._unloading.add(bundle)           # lookups here answer "retry" until the znode is gone
+        try:
+            self.ownership.owned.discard(bundle)
+            names = [n for n in list(self.topics) if self.ownership.bundle(n) == bundle]
+            for name in names:
+                await self._unload_topic(name)
+            await self.ownership.release(bundle)
+        finally:
+            self._unloading.discard(bundle)
+        return names
+
+    # -- rates ------------------------------------------------------------------------------
+    async def _rates_loop(self) -> None:
+        while True:
+            await asyncio.sleep(RATE_INTERVAL_S)
+            try:
+                self.update_rates()
+            except Exception:  # noqa: BLE001
+                log.warning("computing rates", exc_info=True)
+
+    def update_rates(self) -> None:
+        """Msg/s and bytes/s of every topic, producer, subscription and consumer since the last call
+        (Pulsar recomputes its stats every statsUpdateFrequencyInSecs)."""
+        now = time.monotonic()
+        seen: set[tuple] = set()
+
+        def sample(key: tuple, msgs: float, nbytes: float) -> None:
+            seen.add(key)
+            last = self._rate_last.get(key)
+            self._rate_last[key] = (now, msgs, nbytes)
+            if last is None or now <= last[0]:
+                self.rates.setdefault(key, (0.0, 0.0))
+                return
+            dt = now - last[0]
+            self.rates[key] = (max(0.0, msgs - last[1]) / dt, max(0.0, nbytes - last[2]) / dt)
+
+        for name, t in list(self.topics.items()):
+            sample(("in", name), t.msgs_in, t.bytes_in)
+            out_m = out_b = 0
+            for p in list(t.producers.values()):
+                sample(("producer", name, p.name, p.producer_id), p.msgs_in, p.bytes_in)
+            for sname, sub in list(t.subscriptions.items()):
+                sm = sb = 0
+                for c in list(sub.consumers):
+                    sample(("consumer", name, sname, c.name, c.consumer_id), c.msgs_out, c.bytes_out)
+                    sm += c.msgs_out
+                    sb += c.bytes_out
+                sample(("sub", name, sname), sm, sb)
+                out_m += sm
+                out_b += sb
+            sample(("out", name), out_m, out_b)
+        for key in list(self._rate_last):
+            if key not in seen:
+                self._rate_last.pop(key, None)
+                self.rates.pop(key, None)
+
+    def rate(self, *key: Any) -> tuple[float, float]:
+        return self.rates.get(tuple(key), (0.0, 0.0))
 
     def topic_fenced(self, topic: str) -> None:
         """Called by a Topic whose ledger was fenced: another broker owns it now."""
@@ -136,6 +333,66 @@ class BrokerService:
     async def _bundle_lost(self, bundle: Bundle) -> None:
         for name in [n for n in self.topics if self.ownership.bundle(n) == bundle]:
             await self._unload_topic(name)
+
+
+def _decode_json(data: bytes) -> dict[str, Any]:
+    try:
+        raw = json.loads(data) if data else {}
+    except ValueError:
+        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+def _label(topic: str) -> tuple[str, str]:
+    rest = topic.split("://", 1)[-1]
+    return rest.rsplit("/", 1)[0], topic
+
+
+def register_metrics(svc: "BrokerService") -> None:
+    """Broker gauges in clusters.metrics.REGISTRY, evaluated at scrape time (GET /metrics), named as
+    Pulsar's topic-level metrics (labels: cluster, namespace, topic)."""
+    cluster = svc.config.cluster
+    R = metrics.REGISTRY
+
+    def per_topic(fn: Any) -> Any:
+        def collect() -> dict[tuple, float]:
+            return {(cluster, *_label(name)): float(fn(t)) for name, t in list(svc.topics.items())}
+        return collect
+
+    def backlog(t: Topic) -> int:
+        from clusters.broker.http import subscription_backlog
+        return sum(subscription_backlog(t, s) for s in list(t.subscriptions.values()))
+
+    def out_msgs(t: Topic) -> int:
+        return sum(c.msgs_out for s in list(t.subscriptions.values()) for c in list(s.consumers))
+
+    labels = ("cluster", "namespace", "topic")
+    R.gauge("pulsar_broker_topics_count", "Topics served by this broker", ("cluster",),
+            fn=lambda: {(cluster,): len(svc.topics)})
+    R.gauge("pulsar_broker_bundles_count", "Bundles owned by this broker", ("cluster",),
+            fn=lambda: {(cluster,): len(svc.ownership.owned)})
+    R.gauge("pulsar_broker_connections_count", "Client connections", ("cluster",),
+            fn=lambda: {(cluster,): len(svc.connections)})
+    R.gauge("pulsar_producers_count", "Producers of the topic", labels, fn=per_topic(lambda t: len(t.producers)))
+    R.gauge("pulsar_subscriptions_count", "Subscriptions of the topic", labels,
+            fn=per_topic(lambda t: len(t.subscriptions)))
+    R.gauge("pulsar_consumers_count", "Consumers of the topic", labels,
+            fn=per_topic(lambda t: sum(len(s.consumers) for s in list(t.subscriptions.values()))))
+    R.gauge("pulsar_in_messages_total", "Messages persisted since the topic was loaded here", labels,
+            fn=per_topic(lambda t: t.msgs_in))
+    R.gauge("pulsar_in_bytes_total", "Bytes persisted since the topic was loaded here", labels,
+            fn=per_topic(lambda t: t.bytes_in))
+    R.gauge("pulsar_out_messages_total", "Messages dispatched to the connected consumers", labels,
+            fn=per_topic(out_msgs))
+    R.gauge("pulsar_rate_in", "Messages in per second", labels, fn=per_topic(lambda t: svc.rate("in", t.name)[0]))
+    R.gauge("pulsar_rate_out", "Messages out per second", labels,
+            fn=per_topic(lambda t: svc.rate("out", t.name)[0]))
+    R.gauge("pulsar_msg_backlog", "Entries not yet acknowledged, over every subscription", labels,
+            fn=per_topic(backlog))
+    R.gauge("pulsar_storage_size", "Bytes in the topic's ledgers", labels,
+            fn=per_topic(lambda t: t.ml.total_size() if hasattr(t.ml, "total_size") else 0))
+    R.gauge("pulsar_broker_dedup_duplicates_total", "Sends answered as duplicates (deduplication)", labels,
+            fn=per_topic(lambda t: t.dedup.duplicates if t.dedup is not None else 0))
 
 
 async def serve(cfg: BrokerConfig, stop: asyncio.Event) -> None:

@@ -14,10 +14,13 @@ import heapq
 import itertools
 import logging
 import time
-import zlib
 from typing import Any, Iterable
 
+from clusters.broker.dedup import DUP as DEDUP_DUP, ENABLED as DEDUP_ENABLED, NOT_DUP as DEDUP_NOT_DUP
 from clusters.broker.managed_ledger import ManagedLedgerError, ManagedLedgerFenced, Position
+from clusters.broker.murmur3 import sticky_key_hash
+from clusters.broker.selectors import (AutoSplitSelector, ConsumerAssignError, StickySelector,
+                                       pick_active)
 from clusters.protocol import frames
 from clusters.protocol import PulsarApi_pb2 as pb
 
@@ -27,6 +30,7 @@ INT64_MAX = (1 << 63) - 1
 SUB_TYPE_NAMES = {0: "Exclusive", 1: "Shared", 2: "Failover", 3: "Key_Shared"}
 EXCLUSIVE, SHARED, FAILOVER, KEY_SHARED = 0, 1, 2, 3
 ACCESS_SHARED, ACCESS_EXCLUSIVE, ACCESS_WAIT_FOR_EXCLUSIVE, ACCESS_EXCLUSIVE_WITH_FENCING = 0, 1, 2, 3
+ACCESS_MODE_NAMES = {0: "Shared", 1: "Exclusive", 2: "WaitForExclusive", 3: "ExclusiveWithFencing"}
 
 TAIL_CACHE_ENTRIES = 4096          # recently added entries kept for tailing subscriptions
 TAIL_CACHE_BYTES = 32 * 1024 * 1024
@@ -64,6 +68,31 @@ class ConsumerBusy(BrokerServiceError):
 
 class NotAllowed(BrokerServiceError):
     code = pb.NotAllowedError
+
+
+class ConsumerAssignFailed(BrokerServiceError):
+    """No Key_Shared hash range for the consumer (Pulsar's ConsumerAssignException)."""
+    code = pb.ConsumerAssignError
+
+
+class ProducerFenced(BrokerServiceError):
+    code = pb.ProducerFenced
+
+
+class MessageDupUnknown(BrokerServiceError):
+    """Deduplication cannot tell yet whether this message is a duplicate (its original is in flight)."""
+    code = pb.PersistenceError
+
+    def __init__(self) -> None:
+        super().__init__("Cannot determine whether the message is a duplicate at this time")
+
+
+class TopicFencedForPublish(BrokerServiceError):
+    """A write failed; publishing resumes once the adds in flight have completed (Pulsar's fenced topic)."""
+    code = pb.PersistenceError
+
+    def __init__(self) -> None:
+        super().__init__("Topic is temporarily unavailable: a write failed, retry")
 
 
 def not_served(topic: str, why: str = "") -> ServiceUnitNotReady:
@@ -117,10 +146,11 @@ class _CachedEntry:
 
 class Producer:
     __slots__ = ("topic", "cnx", "producer_id", "name", "epoch", "access_mode", "user_provided_name",
-                 "closed", "msgs_in", "bytes_in", "created")
+                 "closed", "msgs_in", "bytes_in", "created", "topic_epoch", "connected_since",
+                 "duplicates")
 
     def __init__(self, topic: "Topic", cnx: Any, producer_id: int, name: str, epoch: int,
-                 access_mode: int, user_provided_name: bool):
+                 access_mode: int, user_provided_name: bool, topic_epoch: int | None = None):
         self.topic = topic
         self.cnx = cnx
         self.producer_id = producer_id
@@ -131,14 +161,24 @@ class Producer:
         self.closed = False
         self.msgs_in = 0
         self.bytes_in = 0
+        self.duplicates = 0             # sends answered as duplicates (deduplication on)
         self.created = time.time()
+        self.connected_since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.topic_epoch = topic_epoch  # set for exclusive producers (CommandProducerSuccess.topic_epoch)
+
+    @property
+    def access_mode_name(self) -> str:
+        return ACCESS_MODE_NAMES.get(self.access_mode, str(self.access_mode))
 
     def __repr__(self) -> str:
         return f"Producer({self.name!r}, id={self.producer_id}, topic={self.topic.name})"
 
 
 class _PendingAdd:
-    __slots__ = ("producer", "sequence_id", "highest_sequence_id", "entry", "info", "pos", "error", "done")
+    """A SEND on its way to a receipt, in SEND order. `dup`: answered as a duplicate (-1, -1) without
+    being written; `error` set without a write: refused (dedup Unknown, topic fenced for publishing)."""
+    __slots__ = ("producer", "sequence_id", "highest_sequence_id", "entry", "info", "pos", "error", "done",
+                 "dup", "written")
 
     def __init__(self, producer: Producer, sequence_id: int, highest: int, entry: bytes, info: EntryInfo):
         self.producer = producer
@@ -149,6 +189,8 @@ class _PendingAdd:
         self.pos: Position | None = None
         self.error: BaseException | None = None
         self.done = False
+        self.dup = False
+        self.written = True
 
 
 # ----------------------------------------------------------------------------- consumers
@@ -156,7 +198,7 @@ class _PendingAdd:
 class Consumer:
     __slots__ = ("sub", "cnx", "consumer_id", "name", "priority", "permits", "pending", "join_seq",
                  "closed", "key_ranges", "msgs_out", "bytes_out", "redelivered", "connected_since",
-                 "sub_type")
+                 "sub_type", "key_hashes")
 
     _seq = itertools.count()
 
@@ -177,18 +219,27 @@ class Consumer:
         self.bytes_out = 0
         self.redelivered = 0
         self.connected_since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        # Key_Shared: how many of `pending` have each key hash (the hashes this consumer still drains)
+        self.key_hashes: collections.Counter[int] | None = None
 
     @property
     def available(self) -> bool:
         return self.permits > 0 and self.cnx.writable and not self.closed
 
-    def deliver(self, pos: Position, entry: bytes, n: int, redelivery_count: int) -> None:
+    def deliver(self, pos: Position, entry: bytes, n: int, redelivery_count: int,
+                ack_set: list[int] | None = None) -> None:
+        """Send one entry. `n` is the messages it counts for (a batch's unacknowledged ones);
+        `ack_set` the batch's remaining-unacknowledged bitset (Pulsar's CommandMessage.ack_set)."""
         self.pending[pos] = n
         self.sub.outstanding[pos] = self
         self.permits -= n
         self.msgs_out += n
         self.bytes_out += len(entry)
-        self.cnx.send_message(self.consumer_id, pos.ledger_id, pos.entry_id, redelivery_count, entry)
+        if ack_set:
+            self.cnx.send_message(self.consumer_id, pos.ledger_id, pos.entry_id, redelivery_count, entry,
+                                  ack_set=ack_set)
+        else:
+            self.cnx.send_message(self.consumer_id, pos.ledger_id, pos.entry_id, redelivery_count, entry)
 
     def __repr__(self) -> str:
         return f"Consumer({self.name!r}, id={self.consumer_id}, sub={self.sub.name})"
@@ -214,45 +265,136 @@ class NonDurableCursor:
 
 # ----------------------------------------------------------------------------- dispatch policies
 
+MAX_ROUND_ROBIN_BATCH = 20            # Pulsar's dispatcherMaxRoundRobinBatchSize
+KEY_SHARED_LOOKAHEAD_PER_CONSUMER = 2000       # keySharedLookAheadMsgInReplayThresholdPerConsumer
+KEY_SHARED_LOOKAHEAD_PER_SUBSCRIPTION = 20000  # keySharedLookAheadMsgInReplayThresholdPerSubscription
+_U64 = (1 << 64) - 1
+
+
+def unacked_in_batch(ack_set: list[int], n: int) -> int:
+    """Messages of an n-message batch still unacknowledged: the set bits among the first n of a
+    bitset of 64-bit words, lowest bit first (java.util.BitSet.toLongArray, as ack_set carries it)."""
+    total = 0
+    for i, w in enumerate(ack_set):
+        lo = i * 64
+        if lo >= n:
+            break
+        w &= _U64
+        if lo + 64 > n:
+            w &= (1 << (n - lo)) - 1
+        total += bin(w).count("1")
+    return total
+
+
+def _dec(counter: collections.Counter, key: int) -> None:
+    left = counter.get(key, 0) - 1
+    if left > 0:
+        counter[key] = left
+    else:
+        counter.pop(key, None)
+
+
 class Dispatcher:
-    """Decides which consumer gets which entry. Subclasses implement one subscription type."""
+    """Decides which consumer gets which entry. Subclasses implement one subscription type.
+
+    `dispatch(entries, replay)` is offered entries in position order, read from the log
+    (`replay=False`) or waiting for redelivery (`replay=True`). It delivers what it can (`send`)
+    and returns how many entries, from the front, it dealt with: a log read resumes after them.
+    Key_Shared also deals with an entry by deferring it (Subscription.defer: it waits in the replay
+    set). The hooks (`replayed`, `unreplayed`, `unpend`, `forget`, `cleared`) let a dispatcher follow
+    the subscription's per-entry state; only Key_Shared needs them."""
+
+    single_active = False     # Exclusive/Failover: Pulsar's PersistentDispatcherSingleActiveConsumer
+    individual_ack = False    # Shared/Key_Shared: cumulative acks ignored, redeliveries counted
+    looks_ahead = False       # may read the log while entries wait for redelivery (Key_Shared)
 
     def __init__(self, sub: "Subscription"):
         self.sub = sub
 
-    def consumers_changed(self) -> None:
-        pass
+    def add(self, c: Consumer, cmd: pb.CommandSubscribe) -> None:
+        """Validate a joining consumer (before it is in `sub.consumers`); raise to refuse it."""
+
+    def consumers_changed(self, added: Consumer | None = None) -> None:
+        """After a consumer joined (`added`) or left."""
+
+    def removed(self, c: Consumer) -> None:
+        """`c` left `sub.consumers`; what it held already went back for redelivery."""
+        self.consumers_changed()
 
     def permits(self) -> int:
         """Messages the subscription may send now (0: nothing to do until FLOW / writability)."""
         return sum(c.permits for c in self.sub.consumers if c.available)
 
-    def dispatch(self, entries: list[tuple[Position, bytes, EntryInfo]], redeliveries: dict) -> int:
-        """Send a prefix of `entries`; return its length (entries not taken are retried later)."""
+    def lookahead_limit(self) -> int:
+        return 0
+
+    def lookahead_ok(self) -> bool:
+        return False
+
+    def replay_ok(self, pos: Position) -> bool:
+        return True
+
+    def send(self, c: Consumer, pos: Position, entry: bytes, info: EntryInfo) -> None:
+        sub = self.sub
+        n = info.num_messages
+        ack_set = sub.batch_acks.get(pos) if sub.batch_acks else None
+        if ack_set is not None:
+            n = unacked_in_batch(ack_set, n)
+        rc = sub.redeliveries.get(pos, 0) if self.individual_ack else 0
+        c.deliver(pos, entry, n, rc, ack_set)
+
+    def dispatch(self, entries: list[tuple[Position, bytes, EntryInfo]], replay: bool) -> int:
         raise NotImplementedError
+
+    # per-entry state hooks
+    def replayed(self, pos: Position) -> None:
+        pass
+
+    def unreplayed(self, pos: Position) -> None:
+        pass
+
+    def unpend(self, c: Consumer, pos: Position) -> None:
+        pass
+
+    def forget(self, pos: Position) -> None:
+        pass
+
+    def cleared(self) -> None:
+        pass
 
 
 class SingleActiveDispatcher(Dispatcher):
     """Exclusive and Failover: everything goes to one active consumer.
 
-    Failover picks the consumer with the lowest priority_level, then the earliest attached one, so
-    a joining consumer never takes over from a working one. When the active consumer changes, what
-    the old one had not acknowledged is redelivered to the new one.
-    """
+    Failover picks it as Pulsar does (`selectors.pick_active`: priority level, then name; partition
+    index modulo, or a consistent-hash ring for a non-partitioned topic), so a joining consumer may
+    take over. Whenever the active consumer changes, what the previous one had not acknowledged is
+    redelivered to the new one (Pulsar rewinds the cursor) and every consumer gets
+    ACTIVE_CONSUMER_CHANGE; a consumer that joins without changing it gets one about itself.
+    Redelivery counts stay 0: Pulsar tracks them only for Shared and Key_Shared."""
+
+    single_active = True
 
     def __init__(self, sub: "Subscription"):
         super().__init__(sub)
         self.active: Consumer | None = None
 
-    def consumers_changed(self) -> None:
-        cs = self.sub.consumers
-        new = min(cs, key=lambda c: (c.priority, c.join_seq)) if cs else None
+    def consumers_changed(self, added: Consumer | None = None) -> None:
+        sub = self.sub
+        cs = sub.consumers
+        failover = sub.sub_type == FAILOVER
+        if failover:
+            new = pick_active(cs, sub.topic.name)
+        else:
+            new = cs[0] if cs else None
         if new is self.active:
+            if failover and added is not None and new is not None:
+                added.cnx.send_active_consumer_change(added.consumer_id, added is new)
             return
         old, self.active = self.active, new
         if old is not None and not old.closed:
-            self.sub.rewind_consumer(old)
-        if self.sub.sub_type == FAILOVER:
+            sub.rewind_consumer(old)
+        if failover and new is not None:
             for c in cs:
                 c.cnx.send_active_consumer_change(c.consumer_id, c is new)
 
@@ -260,7 +402,7 @@ class SingleActiveDispatcher(Dispatcher):
         a = self.active
         return a.permits if a is not None and a.available else 0
 
-    def dispatch(self, entries, redeliveries) -> int:
+    def dispatch(self, entries, replay) -> int:
         c = self.active
         if c is None:
             return 0
@@ -268,69 +410,187 @@ class SingleActiveDispatcher(Dispatcher):
         for pos, entry, info in entries:
             if not c.available:
                 break
-            c.deliver(pos, entry, info.num_messages, redeliveries.get(pos, 0))
+            self.send(c, pos, entry, info)
             n += 1
         return n
 
 
 class SharedDispatcher(Dispatcher):
-    """Shared: entries round-robin over the consumers that have permits."""
+    """Shared, as PersistentDispatcherMultipleConsumers: consumers in turn get up to 20 entries each
+    (dispatcherMaxRoundRobinBatchSize), within their permits; a consumer of a better (lower) priority
+    level with permits goes before those of worse levels."""
+
+    individual_ack = True
 
     def __init__(self, sub: "Subscription"):
         super().__init__(sub)
         self._rr = 0
 
-    def dispatch(self, entries, redeliveries) -> int:
-        cs = self.sub.consumers
-        if not cs:
+    def _next(self, cs: list[Consumer]) -> Consumer | None:
+        avail = [i for i, c in enumerate(cs) if c.available]
+        if not avail:
+            return None
+        best = min(cs[i].priority for i in avail)
+        level = [i for i in avail if cs[i].priority == best]
+        pick = next((i for i in level if i >= self._rr), level[0])
+        self._rr = pick + 1
+        return cs[pick]
+
+    def dispatch(self, entries, replay) -> int:
+        cs = sorted(self.sub.consumers, key=lambda c: c.priority)
+        if not cs or not entries:
             return 0
-        n = 0
-        k = len(cs)
-        for pos, entry, info in entries:
-            for _ in range(k):
-                c = cs[self._rr % k]
-                self._rr += 1
-                if c.available:
-                    break
-            else:
-                return n
-            c.deliver(pos, entry, info.num_messages, redeliveries.get(pos, 0))
-            n += 1
-        return n
+        remaining = sum(info.num_messages for _, _, info in entries)
+        avg = max(remaining // len(entries), 1)
+        i = 0
+        while i < len(entries):
+            c = self._next(cs)
+            if c is None:
+                break
+            take = max(min(remaining, c.permits, MAX_ROUND_ROBIN_BATCH) // avg, 1)
+            for pos, entry, info in entries[i:i + take]:
+                self.send(c, pos, entry, info)
+                remaining -= info.num_messages
+            i += take
+        return min(i, len(entries))
 
 
 class KeySharedDispatcher(Dispatcher):
-    """Key_Shared: an entry goes to the consumer owning the hash of its key (ordering key, else
-    partition key, else a fixed key). AUTO_SPLIT splits 0..65535 evenly over the consumers in join
-    order; STICKY uses the ranges each consumer declared. A key whose consumer has no permits holds
-    back the entries behind it (per-key order first). Simplification: when consumers come and go,
-    keys move at once (Pulsar delays a moved key until the old owner acked it)."""
+    """Key_Shared: an entry goes to the consumer owning the hash of its sticky key (ordering key,
+    else partition key, else "NONE_KEY"): Murmur3 modulo 65536 (murmur3.sticky_key_hash), looked up in
+    AUTO_SPLIT ranges (selectors.AutoSplitSelector) or in the ranges STICKY consumers declared
+    (selectors.StickySelector). The first consumer fixes the mode; another mode is refused.
 
-    RANGE = 65536
+    Order per key, as Pulsar 4's draining hashes (PIP-379): an entry is not given to its consumer
+    while another consumer still holds unacknowledged entries of the same hash (a hash that moved when
+    consumers came or went), nor, when read from the log, while an entry of that hash waits for
+    redelivery. Such entries, and those whose consumer has no permits (or that no consumer covers),
+    wait in the replay set while reading goes on for other keys, up to 2000 waiting entries per
+    consumer and 20000 per subscription (keySharedLookAheadMsgInReplayThreshold*). A subscription
+    whose consumers allow out-of-order delivery skips the two order rules."""
 
-    def _select(self, key: bytes | None) -> Consumer | None:
-        cs = self.sub.consumers
-        if not cs:
-            return None
-        h = zlib.crc32(key if key is not None else NONE_KEY) % self.RANGE
-        sticky = [c for c in cs if c.key_ranges]
-        if sticky:
-            for c in sticky:
-                for lo, hi in c.key_ranges:
-                    if lo <= h <= hi:
-                        return c
-            return None
-        return cs[h * len(cs) // self.RANGE]
+    individual_ack = True
+    looks_ahead = True
 
-    def dispatch(self, entries, redeliveries) -> int:
+    def __init__(self, sub: "Subscription"):
+        super().__init__(sub)
+        self.mode = pb.AUTO_SPLIT
+        self.out_of_order = False
+        self.selector: AutoSplitSelector | StickySelector = AutoSplitSelector()
+        self.hashes: dict[Position, int] = {}         # key hash of outstanding entries read so far
+        self.replay_hashes: collections.Counter[int] = collections.Counter()   # of those waiting
+        self.replay_known = 0       # entries waiting whose hash is known (others: restored, not read yet)
+
+    def add(self, c: Consumer, cmd: pb.CommandSubscribe) -> None:
+        ksm = cmd.keySharedMeta if cmd.HasField("keySharedMeta") else None
+        mode = ksm.keySharedMode if ksm is not None else pb.AUTO_SPLIT
+        ooo = bool(ksm.allowOutOfOrderDelivery) if ksm is not None else False
+        if not self.sub.consumers:
+            self.mode, self.out_of_order = mode, ooo
+            self.selector = StickySelector() if mode == pb.STICKY else AutoSplitSelector()
+        elif mode != self.mode:
+            raise ConsumerBusy(
+                "Subscription is of different type. Active subscription key_shared mode of "
+                f"'{pb.KeySharedMode.Name(self.mode)}' is different than the connecting consumer's "
+                f"key_shared mode '{pb.KeySharedMode.Name(mode)}'.")
+        elif ooo != self.out_of_order:
+            raise ConsumerBusy(
+                "Subscription is of different type. Active subscription "
+                + ("allows" if self.out_of_order else "does not allow")
+                + " out of order delivery while the connecting consumer "
+                + ("allows it." if ooo else "does not allow it."))
+        try:
+            if isinstance(self.selector, StickySelector):
+                self.selector.add(c, c.key_ranges or [])
+            else:
+                self.selector.add(c)
+        except ConsumerAssignError as e:
+            raise ConsumerAssignFailed(str(e)) from None
+        c.key_hashes = collections.Counter()
+
+    def removed(self, c: Consumer) -> None:
+        self.selector.remove(c)
+
+    def lookahead_limit(self) -> int:
+        return min(KEY_SHARED_LOOKAHEAD_PER_SUBSCRIPTION,
+                   KEY_SHARED_LOOKAHEAD_PER_CONSUMER * max(1, len(self.sub.consumers)))
+
+    def _draining(self, c: Consumer, h: int) -> bool:
+        """Another consumer still holds unacknowledged entries of hash `h`."""
+        if self.out_of_order:
+            return False
+        for d in self.sub.consumers:
+            if d is not c and d.key_hashes and d.key_hashes.get(h):
+                return True
+        return False
+
+    def lookahead_ok(self) -> bool:
+        """Reading the log while entries wait is safe only once every waiting entry's hash is known."""
+        return self.replay_known >= len(self.sub.replay)
+
+    def replay_ok(self, pos: Position) -> bool:
+        h = self.hashes.get(pos)
+        if h is None:
+            return True
+        c = self.selector.select(h)
+        return c is not None and c.available and not self._draining(c, h)
+
+    def dispatch(self, entries, replay) -> int:
+        sub = self.sub
+        limit = self.lookahead_limit()
         n = 0
         for pos, entry, info in entries:
-            c = self._select(info.key)
-            if c is None or not c.available:
-                break
-            c.deliver(pos, entry, info.num_messages, redeliveries.get(pos, 0))
+            if replay:
+                h = self.hashes.get(pos)
+                if h is None:
+                    h = self.hashes[pos] = sticky_key_hash(info.key if info.key is not None else NONE_KEY)
+                    self.replay_hashes[h] += 1
+                    self.replay_known += 1
+            else:
+                h = sticky_key_hash(info.key if info.key is not None else NONE_KEY)
+            c = self.selector.select(h)
+            ok = c is not None and c.available and not self._draining(c, h)
+            if ok and not replay and not self.out_of_order and self.replay_hashes.get(h):
+                ok = False      # an earlier entry of this key waits for redelivery
+            if ok:
+                self.hashes[pos] = h
+                self.send(c, pos, entry, info)
+                c.key_hashes[h] += 1
+            elif not replay:
+                if len(sub.replay) >= limit:
+                    break
+                self.hashes[pos] = h
+                sub.defer(pos)
             n += 1
         return n
+
+    def replayed(self, pos: Position) -> None:
+        h = self.hashes.get(pos)
+        if h is not None:
+            self.replay_hashes[h] += 1
+            self.replay_known += 1
+
+    def unreplayed(self, pos: Position) -> None:
+        h = self.hashes.get(pos)
+        if h is not None:
+            _dec(self.replay_hashes, h)
+            self.replay_known -= 1
+
+    def unpend(self, c: Consumer, pos: Position) -> None:
+        h = self.hashes.get(pos)
+        if h is not None and c.key_hashes is not None:
+            _dec(c.key_hashes, h)
+
+    def forget(self, pos: Position) -> None:
+        self.hashes.pop(pos, None)
+
+    def cleared(self) -> None:
+        self.hashes.clear()
+        self.replay_hashes.clear()
+        self.replay_known = 0
+        for c in self.sub.consumers:
+            if c.key_hashes is not None:
+                c.key_hashes.clear()
 
 
 DISPATCHERS: dict[int, type[Dispatcher]] = {
@@ -369,6 +629,7 @@ class Subscription:
         self.replay: set[Position] = set()
         self._replay_heap: list[tuple[int, int]] = []
         self.redeliveries: dict[Position, int] = {}
+        self.batch_acks: dict[Position, list[int]] = {}   # partly acknowledged batches: their ack_set
         self.dispatcher: Dispatcher = DISPATCHERS[sub_type](self)
         self.epoch = 0                  # bumped whenever positions change under an in-flight read
         self.closed = False
@@ -376,6 +637,7 @@ class Subscription:
         self._wake = asyncio.Event()
         self._persist_task: asyncio.Task | None = None
         self._persist_again = False
+        self._restore_from_cursor()
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"dispatch {topic.name}/{name}")
 
     def __repr__(self) -> str:
@@ -385,8 +647,9 @@ class Subscription:
     async def add_consumer(self, cnx: Any, cmd: pb.CommandSubscribe) -> Consumer:
         sub_type = cmd.subType
         if self.consumers and sub_type != self.sub_type:
-            raise ConsumerBusy(f"Subscription {self.name} is of type {SUB_TYPE_NAMES.get(self.sub_type)}, "
-                               f"not {SUB_TYPE_NAMES.get(sub_type)}")
+            raise ConsumerBusy("Subscription is of different type. Active subscription type of "
+                               f"'{SUB_TYPE_NAMES.get(self.sub_type)}' is different than the connecting "
+                               f"consumer's type '{SUB_TYPE_NAMES.get(sub_type)}'.")
         if sub_type == EXCLUSIVE and self.consumers:
             await self._evict_dead(self.consumers[0], cnx)
             if self.consumers:
@@ -402,8 +665,9 @@ class Subscription:
             ranges = [(r.start, r.end) for r in cmd.keySharedMeta.hashRanges]
         c = Consumer(self, cnx, cmd.consumer_id, cmd.consumer_name or f"consumer-{cmd.consumer_id}",
                      cmd.priority_level, sub_type, ranges)
+        self.dispatcher.add(c, cmd)            # may refuse it (Key_Shared mode or ranges)
         self.consumers.append(c)
-        self.dispatcher.consumers_changed()
+        self.dispatcher.consumers_changed(c)
         self.wake()
         return c
 
@@ -419,6 +683,8 @@ class Subscription:
             old.close("did not answer the liveness check")
 
     def remove_consumer(self, c: Consumer, *, redeliver: bool = True, keep: bool = False) -> None:
+        """Detach `c`; what it had not acknowledged goes to the others (`redeliver`), with its
+        redelivery count unchanged, as Pulsar does on a consumer's close or disconnect."""
         if c.closed:
             return
         c.closed = True
@@ -427,9 +693,13 @@ class Subscription:
         except ValueError:
             pass
         if redeliver:
-            self._to_replay(c, list(c.pending))
+            self._to_replay(c, list(c.pending), bump=False)
         c.pending.clear()
-        self.dispatcher.consumers_changed()
+        if c.key_hashes:
+            c.key_hashes.clear()
+        self.dispatcher.removed(c)
+        if not self.consumers and self.dispatcher.individual_ack:
+            self.redeliveries.clear()       # Pulsar's redelivery tracker forgets when the last one leaves
         if not self.consumers and not self.durable and not self.closed:
             if keep:
                 # a reader seeking: it comes back to this position; drop the subscription if not
@@ -447,29 +717,57 @@ class Subscription:
             self._drop()
 
     def rewind_consumer(self, c: Consumer) -> None:
-        """Hand everything `c` holds back for redelivery (Failover switch, redeliver-all)."""
-        self._to_replay(c, list(c.pending))
+        """Hand everything `c` holds back for redelivery (Failover switch, Exclusive redeliver-all)."""
+        self._to_replay(c, list(c.pending), bump=False)
 
-    def _to_replay(self, c: Consumer, positions: Iterable[Position]) -> None:
+    def _to_replay(self, c: Consumer, positions: Iterable[Position], *, bump: bool) -> None:
+        """Positions `c` holds go back for redelivery; `bump` counts a redelivery (Shared/Key_Shared
+        only: Pulsar's single-active dispatchers have no redelivery tracker)."""
         moved = False
+        count = bump and self.dispatcher.individual_ack
         for pos in positions:
-            if c.pending.pop(pos, None) is None:
+            if pos not in c.pending:
                 continue
+            self._unpend(c, pos)
             if self.outstanding.get(pos) is c:
                 self.outstanding[pos] = None
-                self.replay.add(pos)
-                heapq.heappush(self._replay_heap, (pos.ledger_id, pos.entry_id))
-                self.redeliveries[pos] = self.redeliveries.get(pos, 0) + 1
+                self._replay_add(pos)
+                if count:
+                    self.redeliveries[pos] = self.redeliveries.get(pos, 0) + 1
                 c.redelivered += 1
                 moved = True
         if moved:
             self.wake()
 
+    def _unpend(self, holder: Consumer, pos: Position) -> None:
+        if holder.pending.pop(pos, None) is not None:
+            self.dispatcher.unpend(holder, pos)
+
+    def _replay_add(self, pos: Position) -> None:
+        self.replay.add(pos)
+        heapq.heappush(self._replay_heap, (pos.ledger_id, pos.entry_id))
+        self.dispatcher.replayed(pos)
+
+    def _replay_discard(self, pos: Position) -> None:
+        if pos in self.replay:
+            self.replay.discard(pos)
+            self.dispatcher.unreplayed(pos)
+
+    def defer(self, pos: Position) -> None:
+        """A just-read entry nobody may take now (Key_Shared): it waits in the replay set."""
+        self.outstanding[pos] = None
+        self._replay_add(pos)
+
     def redeliver(self, c: Consumer, ids: list[Position] | None) -> None:
-        if not ids or self.sub_type in (EXCLUSIVE, FAILOVER):
-            self.rewind_consumer(c)
-        else:
-            self._to_replay(c, ids)
+        """REDELIVER_UNACKNOWLEDGED_MESSAGES, as ServerCnx and the dispatchers handle it: Shared and
+        Key_Shared hand back the listed positions `c` holds (all of them for an empty list) with the
+        redelivery count raised; Exclusive/Failover rewind the active consumer (counts stay 0)."""
+        d = self.dispatcher
+        if d.single_active:
+            if c is getattr(d, "active", None):
+                self._to_replay(c, list(c.pending), bump=False)
+            return
+        self._to_replay(c, ids if ids else list(c.pending), bump=True)
 
     def flow(self, c: Consumer, permits: int) -> None:
         c.permits += permits
@@ -480,6 +778,8 @@ class Subscription:
     def ack_individual(self, positions: Iterable[Position]) -> None:
         md = self.mark_delete
         outstanding = self.outstanding
+        d = self.dispatcher
+        batch_acks = self.batch_acks
         for pos in positions:
             if md is not None and pos <= md:
                 continue
@@ -487,13 +787,52 @@ class Subscription:
             if holder is _MISSING:
                 continue
             if holder is None:
-                self.replay.discard(pos)
+                self._replay_discard(pos)
             else:
-                holder.pending.pop(pos, None)
+                self._unpend(holder, pos)
+            d.forget(pos)
             self.redeliveries.pop(pos, None)
+            if batch_acks:
+                batch_acks.pop(pos, None)
         self._update_mark_delete()
+        if self.replay and d.looks_ahead:
+            self.wake()                 # a draining key may be free now
 
-    def ack_cumulative(self, pos: Position) -> None:
+    def ack_batch_index(self, pos: Position, ack_set: list[int]) -> None:
+        """A partial acknowledgement of a batch entry (Pulsar's batch-index acknowledgement):
+        `ack_set` has a bit set for every message of the batch still unacknowledged. The bits add up
+        (AND) with earlier ones; the entry is acknowledged once none is left. Ignored unless the
+        broker enables it (acknowledgmentAtBatchIndexLevelEnabled), as in Pulsar."""
+        if not self.batch_index_acks:
+            return
+        md = self.mark_delete
+        if (md is not None and pos <= md) or pos not in self.outstanding:
+            return
+        old = self.batch_acks.get(pos)
+        words = [w & _U64 for w in ack_set]
+        if old is not None:
+            words = [a & b for a, b in itertools.zip_longest(old, words, fillvalue=0)]
+        if not any(words):
+            self.ack_individual([pos])
+            return
+        self.batch_acks[pos] = [w - (1 << 64) if w >> 63 else w for w in words]   # int64, as on the wire
+
+    @property
+    def batch_index_acks(self) -> bool:
+        cfg = getattr(self.topic.service, "config", None)
+        return bool(getattr(cfg, "acknowledgment_at_batch_index_level_enabled", False))
+
+    def ack_cumulative(self, pos: Position, ack_set: list[int] | None = None) -> None:
+        """Everything up to `pos` is acknowledged. With an `ack_set` (some messages of the batch at
+        `pos` still unacknowledged) only what precedes `pos`, plus those batch indexes.
+        (The connection refuses cumulative acks from Shared and Key_Shared consumers, as Pulsar's
+        Consumer.messageAcked does; message expiry uses this on any subscription.)"""
+        if ack_set is not None and any(ack_set):
+            prev = getattr(self.ml, "previous_position", None)
+            before = prev(pos) if prev is not None else Position(pos.ledger_id, pos.entry_id - 1)
+            self.ack_cumulative(before)
+            self.ack_batch_index(pos, ack_set)
+            return
         md = self.mark_delete
         if md is not None and pos <= md:
             return
@@ -504,14 +843,19 @@ class Subscription:
             pos = lc
         heap = self._heap
         key = (pos.ledger_id, pos.entry_id)
+        d = self.dispatcher
+        batch_acks = self.batch_acks
         while heap and heap[0] <= key:
             p = Position(*heapq.heappop(heap))
             holder = self.outstanding.pop(p, _MISSING)
             if holder is None:
-                self.replay.discard(p)
+                self._replay_discard(p)
             elif holder is not _MISSING:
-                holder.pending.pop(p, None)
+                self._unpend(holder, p)
+            d.forget(p)
             self.redeliveries.pop(p, None)
+            if batch_acks:
+                batch_acks.pop(p, None)
         rp = self.read_position
         if rp is None or rp <= pos:
             # acked past what we read (a client that knows more than we do, e.g. after a seek)
@@ -537,7 +881,11 @@ class Subscription:
             lo = (rp.ledger_id, rp.entry_id)
         else:
             return
-        self._set_mark_delete(Position(lo[0], lo[1] - 1))
+        md = Position(lo[0], lo[1] - 1)
+        if self.mark_delete is None or md > self.mark_delete:
+            self._set_mark_delete(md)
+        elif self.durable:
+            self._persist()             # an individual ack above the mark-delete: ranges changed
 
     def _set_mark_delete(self, pos: Position) -> None:
         if self.mark_delete is not None and pos <= self.mark_delete:
@@ -546,6 +894,13 @@ class Subscription:
         self._persist()
 
     def _persist(self) -> None:
+        """Hand the state to the cursor. A ManagedCursor (durable) takes it without waiting and
+        writes it itself, rate-limited (cursor_mark_delete_rate), reading the individually acked
+        ranges from `_individually_deleted` at write time; other cursors get a task."""
+        update = getattr(self.cursor, "update", None)
+        if update is not None:
+            update(self.mark_delete)
+            return
         if self._persist_task is not None and not self._persist_task.done():
             self._persist_again = True
             return
@@ -566,20 +921,94 @@ class Subscription:
             if not self._persist_again:
                 return
 
+    def _individually_deleted(self, limit: int = 10000) -> list[tuple[Position, Position]]:
+        """Acknowledged ranges above the mark-delete position, (start, end] open-closed as Pulsar's
+        individuallyDeletedMessages, the lowest `limit` of them: every position read (before
+        read_position) and not outstanding was acknowledged."""
+        rp = self.read_position
+        if rp is None:
+            return []
+        md = self.mark_delete
+        prev_of = getattr(self.ml, "previous_position", None)
+        lo = md if md is not None else Position(-1, -1)
+        out: list[tuple[Position, Position]] = []
+        holes = sorted(p for p in self.outstanding if md is None or p > md)
+        holes.append(rp)
+        for hole in holes:
+            if len(out) >= limit:
+                break
+            if hole.entry_id > 0:
+                hi = Position(hole.ledger_id, hole.entry_id - 1)
+            elif prev_of is not None:
+                hi = prev_of(hole)
+            else:
+                hi = Position(hole.ledger_id, -1)
+            if hi > lo:
+                out.append((lo, hi))
+            if hole > lo:
+                lo = hole
+        return out
+
+    def _restore_from_cursor(self) -> None:
+        """A durable subscription starts from its cursor's persisted state: entries at or before the
+        mark-delete position and in its individually deleted ranges are consumed; every other entry
+        up to the last range is queued for redelivery (first), and reading resumes after it."""
+        cursor = self.cursor
+        attach = getattr(cursor, "attach", None)
+        if not self.durable or attach is None:
+            return
+        md = cursor.mark_delete_position
+        self.mark_delete = md
+        self.read_position = self.ml.next_position(md) if md is not None else None
+        ranges = cursor.individually_deleted_ranges()
+        positions_in = getattr(self.ml, "positions_in", None)
+        if ranges and positions_in is not None:
+            end = ranges[-1][1]
+            k = 0
+            for p in positions_in(md, end):
+                while k < len(ranges) and ranges[k][1] < p:
+                    k += 1
+                if k < len(ranges) and ranges[k][0] < p <= ranges[k][1]:
+                    continue                           # acknowledged before the restart
+                self.outstanding[p] = None
+                self.replay.add(p)
+                heapq.heappush(self._heap, (p.ledger_id, p.entry_id))
+                heapq.heappush(self._replay_heap, (p.ledger_id, p.entry_id))
+            self.read_position = self.ml.next_position(end)
+            log.info("%s: restored mark-delete %s, %d acknowledged ranges, %d entries to redeliver "
+                     "before reading from %s", self, md, len(ranges), len(self.replay), self.read_position)
+        attach(ranges_fn=self._individually_deleted, on_expire=self.expire_to,
+               on_fenced=self.topic._on_fenced)
+
+    def expire_to(self, pos: Position) -> None:
+        """Message TTL (the managed ledger's expiry check): everything up to `pos` is consumed, as a
+        cumulative acknowledgement would make it."""
+        self.ack_cumulative(pos)
+
     # -- seek --------------------------------------------------------------------
     async def reset(self, target: Position | None) -> None:
-        """Disconnect the consumers, then make `target` (None: the first entry) the next read."""
+        """Seek, as PersistentSubscription.resetCursor: disconnect the consumers (Exclusive/Failover:
+        the active one), forget every acknowledgement and redelivery above `target`, and make it
+        (None: the first entry) the next read."""
         self._paused += 1
         self.epoch += 1
         try:
-            for c in list(self.consumers):
+            d = self.dispatcher
+            victims = list(self.consumers)
+            if d.single_active:
+                victims = [c for c in victims if c is getattr(d, "active", None)]
+            for c in victims:
                 c.cnx.broker_close_consumer(c)
                 self.remove_consumer(c, redeliver=False, keep=True)
+            for c in self.consumers:
+                c.pending.clear()
             self.outstanding.clear()
             self._heap.clear()
             self.replay.clear()
             self._replay_heap.clear()
             self.redeliveries.clear()
+            self.batch_acks.clear()
+            self.dispatcher.cleared()
             await self.cursor.reset(target)
             self.mark_delete = self.cursor.mark_delete_position
             self.read_position = target
@@ -638,7 +1067,8 @@ class Subscription:
         """One round; False when there was nothing to do (the loop then waits for a wake-up)."""
         if self._paused or not self.consumers:
             return False
-        permits = self.dispatcher.permits()
+        d = self.dispatcher
+        permits = d.permits()
         if permits <= 0:
             return False
         avg = self.topic.avg_messages_per_entry
@@ -649,12 +1079,20 @@ class Subscription:
             if epoch != self.epoch or self.closed:
                 return True
             entries = [e for e in entries if e[0] in self.replay]
-            if not entries:
-                return True
-            n = self.dispatcher.dispatch(entries, self.redeliveries)
-            for pos, _, _ in entries[:n]:
-                self.replay.discard(pos)
-            return n > 0
+            if entries:
+                d.dispatch(entries, True)
+                sent = 0
+                for pos, _, _ in entries:
+                    if self.outstanding.get(pos) is not None:
+                        self._replay_discard(pos)
+                        sent += 1
+                if sent:
+                    return True
+            if self.replay:
+                # what waits cannot go out now; only Key_Shared reads on, for other keys
+                if not (d.looks_ahead and d.lookahead_ok() and len(self.replay) < d.lookahead_limit()
+                        and d.permits() > 0):
+                    return False
         start = self.read_position if self.read_position is not None else self.ml.first_position()
         lc = self.ml.last_confirmed
         if start is None or lc is None or start > lc:
@@ -673,7 +1111,7 @@ class Subscription:
             if not entries:
                 self.read_position = self.ml.next_position(md)
                 return True
-        n = self.dispatcher.dispatch(entries, self.redeliveries)
+        n = d.dispatch(entries, False)
         if n == 0:
             return False
         heap = self._heap
@@ -685,17 +1123,30 @@ class Subscription:
 
     async def _read_replay(self, max_entries: int) -> list[tuple[Position, bytes, EntryInfo]]:
         positions: list[Position] = []
+        d = self.dispatcher
         heap = self._replay_heap
-        seen = set()
-        while heap and len(positions) < max_entries:
-            l, e = heapq.heappop(heap)
-            p = Position(l, e)
-            if p in self.replay and p not in seen:
-                positions.append(p)
-                seen.add(p)
-        # popped positions not dispatched this round are pushed back by the caller's next round
-        for p in positions:
-            heapq.heappush(heap, (p.ledger_id, p.entry_id))
+        if len(heap) > 2 * len(self.replay) + 64:           # drop stale heap items now and then
+            heap[:] = [(p.ledger_id, p.entry_id) for p in self.replay]
+            heapq.heapify(heap)
+        if d.looks_ahead:
+            # Key_Shared: the lowest waiting entries that could go out now (their consumer has
+            # permits and the key is not draining elsewhere)
+            for p in sorted(self.replay):
+                if d.replay_ok(p):
+                    positions.append(p)
+                    if len(positions) >= max_entries:
+                        break
+        else:
+            seen = set()
+            while heap and len(positions) < max_entries:
+                l, e = heapq.heappop(heap)
+                p = Position(l, e)
+                if p in self.replay and p not in seen:
+                    positions.append(p)
+                    seen.add(p)
+            # popped positions not dispatched this round are pushed back by the caller's next round
+            for p in positions:
+                heapq.heappush(heap, (p.ledger_id, p.entry_id))
         out: dict[Position, tuple[Position, bytes, EntryInfo]] = {}
         missing: list[Position] = []
         for p in positions:
@@ -719,8 +1170,9 @@ class Subscription:
             for p in wanted:
                 if p not in out:     # gone from storage: nothing left to redeliver
                     log.warning("%s: entry %s to redeliver no longer exists", self, p)
-                    self.replay.discard(p)
+                    self._replay_discard(p)
                     self.outstanding.pop(p, None)
+                    d.forget(p)
             i = j + 1
         return [out[p] for p in positions if p in out]
 
@@ -758,6 +1210,12 @@ class Topic:
         self.msgs_in = 0
         self.bytes_in = 0
         self._loop = asyncio.get_running_loop()
+        # producer side: deduplication (clusters/broker/dedup.py, set by the service), access modes
+        self.dedup: Any = None
+        self.topic_epoch: int | None = None
+        self.exclusive_producer: str | None = None
+        self._waiting_exclusive: collections.deque = collections.deque()
+        self._publish_fenced = False        # a write failed: refuse publishes until the adds drain
 
     def __repr__(self) -> str:
         return f"Topic({self.name})"
@@ -769,9 +1227,17 @@ class Topic:
 
     # -- producers ---------------------------------------------------------------
     async def add_producer(self, cnx: Any, producer_id: int, name: str, *, epoch: int = 0,
-                           access_mode: int = ACCESS_SHARED, user_provided_name: bool = True) -> Producer:
+                           access_mode: int = ACCESS_SHARED, user_provided_name: bool = True,
+                           topic_epoch: int | None = None, on_queued: Any = None) -> Producer:
         """Register a producer. A name already connected elsewhere is ProducerBusy, unless this is the
-        same client reconnecting (a higher epoch) or the other connection fails a liveness check."""
+        same client reconnecting (a higher epoch) or the other connection fails a liveness check.
+
+        Access modes as Pulsar's AbstractTopic.incrementTopicEpochIfNeeded: Shared is refused
+        (ProducerBusy) while an exclusive producer holds or waits for the topic; Exclusive is refused
+        (ProducerFenced) while any other producer is attached; WaitForExclusive queues (`on_queued()` is
+        called, the client is told producer_ready=false) until the topic is free; ExclusiveWithFencing
+        disconnects every other producer. Exclusive producers get a topic epoch; one reconnecting with
+        an epoch older than the topic's is fenced."""
         old = self.producers.get(name)
         if (old is not None and old.cnx is not cnx and old.cnx.active and epoch <= old.epoch
                 and not await old.cnx.check_liveness(LIVENESS_CHECK_TIMEOUT)):
@@ -790,34 +1256,143 @@ class Topic:
                 old.cnx.forget_producer(old)
             else:
                 raise ProducerBusy(f"Producer with name '{name}' is already connected to topic {self.name}")
-        if access_mode != ACCESS_SHARED:
-            if any(p.name != name for p in self.producers.values()):
-                raise ProducerBusy(f"Topic {self.name} has other producers; exclusive access refused")
-        elif any(p.access_mode != ACCESS_SHARED for p in self.producers.values()):
-            raise ProducerBusy(f"Topic {self.name} has an exclusive producer")
-        p = Producer(self, cnx, producer_id, name, epoch, access_mode, user_provided_name)
+        granted: int | None = None
+        if access_mode == ACCESS_SHARED:
+            if self.exclusive_producer is not None or self._waiting_exclusive:
+                raise ProducerBusy(f"Topic has an existing exclusive producer: {self.exclusive_producer}")
+        elif access_mode == ACCESS_EXCLUSIVE:
+            if self.exclusive_producer is not None or self._waiting_exclusive:
+                raise ProducerFenced(f"Topic has an existing exclusive producer: {self.exclusive_producer}")
+            if self.producers:
+                raise ProducerFenced("Topic has existing shared producers")
+            granted = self._grant_exclusive(name, topic_epoch)
+        elif access_mode == ACCESS_EXCLUSIVE_WITH_FENCING:
+            for other in list(self.producers.values()):
+                self.remove_producer(other)
+                other.cnx.broker_close_producer(other)
+            self._fail_waiting(ProducerFenced("Fenced by a producer with ExclusiveWithFencing access"))
+            self.exclusive_producer = None
+            granted = self._grant_exclusive(name, None)
+        elif access_mode == ACCESS_WAIT_FOR_EXCLUSIVE:
+            if self.exclusive_producer is not None or self.producers:
+                fut = self._loop.create_future()
+                self._waiting_exclusive.append((name, topic_epoch, fut))
+                log.info("%s: producer %s waits for exclusive access", self, name)
+                if on_queued is not None:
+                    on_queued()
+                granted = await fut          # _release_exclusive grants it (or fails it)
+                if self._closing:
+                    self._release_exclusive(name)
+                    raise not_served(self.name, "closing")
+            else:
+                granted = self._grant_exclusive(name, topic_epoch)
+        else:
+            raise NotAllowed(f"Invalid producer access mode: {access_mode}")
+        p = Producer(self, cnx, producer_id, name, epoch, access_mode, user_provided_name, granted)
         self.producers[name] = p
         return p
+
+    def _grant_exclusive(self, name: str, producer_epoch: int | None) -> int:
+        """Make `name` the exclusive producer; returns the new topic epoch (ProducerFenced if the
+        producer's epoch is older than the topic's: another producer held the topic in between)."""
+        current = self.topic_epoch
+        if producer_epoch is not None and current is not None and producer_epoch < current:
+            raise ProducerFenced(f"Topic epoch has already moved. Current epoch: {current}, "
+                                 f"Producer epoch: {producer_epoch}")
+        epoch = producer_epoch if producer_epoch is not None else (0 if current is None else current + 1)
+        self.topic_epoch = epoch
+        self.exclusive_producer = name
+        return epoch
+
+    def _release_exclusive(self, name: str | None) -> None:
+        """The exclusive producer left (or, `name` None, the last shared one): hand the topic to the
+        first waiting producer."""
+        if name is not None:
+            if self.exclusive_producer != name:
+                return
+            self.exclusive_producer = None
+        if self.exclusive_producer is not None or self.producers:
+            return
+        while self._waiting_exclusive:
+            wname, wepoch, fut = self._waiting_exclusive.popleft()
+            if fut.done():
+                continue
+            try:
+                fut.set_result(self._grant_exclusive(wname, wepoch))
+            except ProducerFenced as e:
+                fut.set_exception(e)
+                continue
+            log.info("%s: producer %s now has exclusive access", self, wname)
+            return
+
+    def _fail_waiting(self, exc: BaseException) -> None:
+        while self._waiting_exclusive:
+            _, _, fut = self._waiting_exclusive.popleft()
+            if not fut.done():
+                fut.set_exception(exc)
 
     def remove_producer(self, p: Producer) -> None:
         p.closed = True
         if self.producers.get(p.name) is p:
             del self.producers[p.name]
+            if p.topic_epoch is not None:
+                self._release_exclusive(p.name)
+            elif self._waiting_exclusive and not self.producers:
+                self._release_exclusive(None)
+        if self._closing:
+            self._fail_waiting(not_served(self.name, "closing"))
+
+    def last_sequence_id(self, producer_name: str) -> int:
+        """What PRODUCER_SUCCESS tells a producer: the highest sequence id pushed under its name when
+        deduplicating (the client resumes after it), else -1."""
+        dedup = self.dedup
+        return dedup.last_sequence_id(producer_name) if dedup is not None else -1
 
     # -- publishing: the hot path -----------------------------------------------
     def publish(self, producer: Producer, sequence_id: int, highest_sequence_id: int, entry: bytes,
                 metadata: pb.MessageMetadata) -> None:
-        """Append an entry; the receipt (or SendError) goes out in call order once it is persisted."""
+        """Append an entry; the receipt (or SendError) goes out in call order once it is persisted.
+
+        With deduplication on, a message already persisted under this producer name is answered
+        at once (in order) with message id (-1, -1) and not written; one whose original is still in
+        flight gets a SendError (Pulsar's MessageDupStatus.Unknown). After a failed write the topic
+        refuses publishes until the adds in flight have completed (Pulsar fences the topic), so a
+        later message cannot be persisted ahead of a resent earlier one."""
         if self._closing or producer.closed:
             return      # CLOSE_PRODUCER is on its way; the client resends after reconnecting
         info = EntryInfo.from_metadata(metadata)
         op = _PendingAdd(producer, sequence_id, highest_sequence_id, entry, info)
+        producer.cnx.add_pending_send(1)
+        if self._publish_fenced or (self._adds and getattr(self.ml, "state", None) == "failed"):
+            # (the second: the managed ledger failed adds we have not answered yet; a message
+            # written now could land ahead of their resends)
+            op.error = TopicFencedForPublish()
+            self._complete_unwritten(op)
+            return
+        dedup = self.dedup
+        if dedup is not None and dedup.status == DEDUP_ENABLED:
+            status = dedup.check(producer.name, sequence_id, highest_sequence_id)
+            if status != DEDUP_NOT_DUP:
+                if status == DEDUP_DUP:
+                    op.dup = True
+                    producer.duplicates += info.num_messages
+                else:
+                    op.error = MessageDupUnknown()
+                self._complete_unwritten(op)
+                return
         self._adds.append(op)
         producer.msgs_in += info.num_messages
         producer.bytes_in += len(entry)
-        producer.cnx.add_pending_send(1)
         task = self._loop.create_task(self.ml.add_entry(entry))
         task.add_done_callback(functools.partial(self._add_done, op))
+
+    def _complete_unwritten(self, op: _PendingAdd) -> None:
+        """Answer a send that is not written, after the sends before it (receipts stay in order)."""
+        op.written = False
+        op.done = True
+        self._adds.append(op)
+        if self._adds[0] is op:
+            self._drain_adds()
 
     def _add_done(self, op: _PendingAdd, task: asyncio.Task) -> None:
         if task.cancelled():
@@ -829,9 +1404,14 @@ class Topic:
             else:
                 op.error = exc
         op.done = True
+        if self._adds[0] is op:
+            self._drain_adds()
+        # else: an earlier add is still in flight; it completes this one too
+
+    def _drain_adds(self) -> None:
+        """Answer every completed send at the head of the queue, in SEND order."""
         adds = self._adds
-        if adds[0] is not op:
-            return            # an earlier add is still in flight; it completes this one too
+        dedup = self.dedup
         notify = False
         fenced = None
         while adds and adds[0].done:
@@ -845,22 +1425,40 @@ class Topic:
                 self.bytes_in += len(op.entry)
                 self.avg_messages_per_entry = 0.9 * self.avg_messages_per_entry + 0.1 * op.info.num_messages
                 notify = True
+                if dedup is not None:
+                    dedup.record_persisted(p.name, op.sequence_id, op.highest_sequence_id, pos)
                 if not p.closed:
                     p.cnx.send_receipt(p.producer_id, op.sequence_id, pos.ledger_id, pos.entry_id,
                                        op.highest_sequence_id)
+            elif op.dup:
+                if not p.closed:
+                    p.cnx.send_receipt(p.producer_id, op.sequence_id, -1, -1, op.highest_sequence_id)
             elif isinstance(op.error, ManagedLedgerFenced):
                 fenced = op.error
             else:
+                if op.written:
+                    self._publish_fenced = True        # lifted once the queue has drained
                 if not p.closed:
-                    log.warning("%s: persisting seq %d of %s failed: %s", self, op.sequence_id, p.name,
-                                op.error)
-                    p.cnx.send_send_error(p.producer_id, op.sequence_id, pb.PersistenceError,
-                                          f"Failed to persist message: {op.error}")
+                    err = op.error
+                    if isinstance(err, BrokerServiceError):
+                        code, text = err.code, str(err)
+                    else:
+                        log.warning("%s: persisting seq %d of %s failed: %s", self, op.sequence_id,
+                                    p.name, err)
+                        code, text = pb.PersistenceError, f"Failed to persist message: {err}"
+                    p.cnx.send_send_error(p.producer_id, op.sequence_id, code, text)
         if notify:
             for sub in self.subscriptions.values():
                 sub._wake.set()
-        if not adds and self._adds_drained is not None:
-            self._adds_drained.set()
+        if not adds:
+            if self._publish_fenced:
+                # as Pulsar's decrementPendingWriteOpsAndCheck: un-fence, and let what was pushed but
+                # not persisted be written again when the client resends it
+                self._publish_fenced = False
+                if dedup is not None:
+                    dedup.reset_pushed()
+            if self._adds_drained is not None:
+                self._adds_drained.set()
         if fenced is not None:
             self._on_fenced(fenced)
 
@@ -961,10 +1559,16 @@ class Topic:
             del self.subscriptions[sub.name]
 
     async def unsubscribe(self, consumer: Consumer, *, force: bool = False) -> None:
+        """Delete the subscription, as PersistentSubscription.doUnsubscribe: only its one consumer
+        (the active one of an Exclusive/Failover subscription) may, unless `force`, which first
+        disconnects the others."""
         sub = consumer.sub
         others = [c for c in sub.consumers if c is not consumer]
-        if others and not force:
-            raise ConsumerBusy(f"Subscription {sub.name} has other connected consumers")
+        d = sub.dispatcher
+        if not force and (others or consumer not in sub.consumers
+                          or (d.single_active and getattr(d, "active", None) is not consumer)):
+            raise BrokerServiceError("Unconnected or shared consumer attempting to unsubscribe",
+                                     pb.MetadataError)
         self._drop_subscription(sub)
         for c in others:
             c.cnx.broker_close_consumer(c)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from crc32c import crc32c
 from google.protobuf.message import DecodeError
@@ -149,20 +149,24 @@ def _message_id_bytes(ledger_id: int, entry_id: int) -> bytes:
 
 
 def message_frame_header(consumer_id: int, ledger_id: int, entry_id: int, redelivery_count: int,
-                         entry_len: int) -> bytes:
-    """Everything of a MESSAGE frame that precedes the stored entry bytes."""
+                         entry_len: int, ack_set: Sequence[int] = ()) -> bytes:
+    """Everything of a MESSAGE frame that precedes the stored entry bytes. `ack_set`: the batch's
+    still-unacknowledged indexes (CommandMessage.ack_set, int64 words) on a redelivery."""
     mid = _message_id_bytes(ledger_id, entry_id)
     body = b"\x08" + _varint(consumer_id) + b"\x12" + _VARINT_SMALL[len(mid)] + mid
     if redelivery_count:
         body += b"\x18" + _varint(redelivery_count)
-    cmd = b"\x08\x09\x4a" + _VARINT_SMALL[len(body)] + body      # type=MESSAGE, field 9
+    for w in ack_set:
+        body += b"\x20" + _varint(w)
+    cmd = b"\x08\x09\x4a" + _varint(len(body)) + body      # type=MESSAGE, field 9
     n = len(cmd)
     return _hdr_pack(n + 4 + entry_len, n) + cmd
 
 
 def encode_message(consumer_id: int, ledger_id: int, entry_id: int, redelivery_count: int,
-                   entry: bytes) -> bytes:
-    return message_frame_header(consumer_id, ledger_id, entry_id, redelivery_count, len(entry)) + entry
+                   entry: bytes, ack_set: Sequence[int] = ()) -> bytes:
+    return message_frame_header(consumer_id, ledger_id, entry_id, redelivery_count, len(entry),
+                                ack_set) + entry
 
 
 def encode_send_receipt(producer_id: int, sequence_id: int, ledger_id: int, entry_id: int,

@@ -20,8 +20,8 @@ import pulsar
 import pytest
 
 from clusters.autorecovery.check import check_all_copies, connect, replication_state
-from clusters.deploy.netns import ClusterSpec, NetnsCluster
 from clusters.metrics import parse
+from tests.netns import netns_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -32,18 +32,12 @@ RECOVERY_TIMEOUT_S = 120
 
 @pytest.fixture(scope="module")
 def ar_cluster():
-    spec = ClusterSpec(name=f"ar{uuid.uuid4().hex[:4]}", brokers=1, bookies=4, zookeepers=1,
-                       ensemble=3, write_quorum=2, ack_quorum=2,
+    with netns_cluster("ar", brokers=1, bookies=4, zookeepers=1, ensemble=3, write_quorum=2, ack_quorum=2,
                        broker_config={"max_entries_per_ledger": 50},
                        bookie_config={"lost_bookie_recovery_delay_s": 2.0,
                                       "open_ledger_rereplication_grace_s": 5.0,
-                                      "rereplication_backoff_s": 0.5})
-    c = NetnsCluster(spec)
-    try:
-        c.up()
+                                      "rereplication_backoff_s": 0.5}) as c:
         yield c
-    finally:
-        c.down()
 
 
 def bookie_ids(cluster) -> dict[str, str]:

@@ -5,6 +5,7 @@ import uuid
 import pytest
 
 from tests.broker.memory import BrokerThread
+from tests.netns import pulsar_client
 
 
 @pytest.fixture
@@ -18,13 +19,8 @@ def broker():
 
 @pytest.fixture
 def client(broker):
-    import pulsar
-    c = pulsar.Client(broker.url, operation_timeout_seconds=15,
-                      logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    try:
+    with pulsar_client(broker.url, operation_timeout_seconds=15) as c:
         yield c
-    finally:
-        c.close()
 
 
 @pytest.fixture

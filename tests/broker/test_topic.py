@@ -1,7 +1,9 @@
-"""Topic and Subscription logic without a network: a recording stand-in for the connection."""
+"""Topic and Subscription logic without a network: a recording stand-in for the connection
+(tests/broker/helpers.py)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import pytest
 
@@ -9,58 +11,8 @@ from clusters.broker.managed_ledger import Position
 from clusters.broker.topic import ServiceUnitNotReady, Topic
 from clusters.protocol import PulsarApi_pb2 as pb
 from clusters.protocol import frames
+from tests.broker.helpers import FakeCnx, run
 from tests.broker.memory import MemoryBrokerService, MemoryManagedLedger
-
-
-class FakeCnx:
-    """Records what the topic asks the connection to send."""
-
-    def __init__(self) -> None:
-        self.messages: list[tuple[int, Position, int]] = []
-        self.receipts: list[tuple[int, int, Position]] = []
-        self.send_errors: list[tuple[int, int, int]] = []
-        self.closed_producers: list[int] = []
-        self.closed_consumers: list[int] = []
-        self.consumers: dict = {}
-        self.producers: dict = {}
-        self.writable = True
-        self.active = True
-        self.pending = 0
-
-    def send_message(self, consumer_id, ledger_id, entry_id, redelivery_count, entry):
-        self.messages.append((consumer_id, Position(ledger_id, entry_id), redelivery_count))
-
-    def send_receipt(self, producer_id, sequence_id, ledger_id, entry_id, highest):
-        self.receipts.append((producer_id, sequence_id, Position(ledger_id, entry_id)))
-
-    def send_send_error(self, producer_id, sequence_id, error, message):
-        self.send_errors.append((producer_id, sequence_id, error))
-
-    def add_pending_send(self, delta):
-        self.pending += delta
-
-    def broker_close_producer(self, p, url=None):
-        self.closed_producers.append(p.producer_id)
-
-    def forget_producer(self, p):
-        pass
-
-    def broker_close_consumer(self, c, url=None, *, notify=True):
-        if notify:
-            self.closed_consumers.append(c.consumer_id)
-
-    def send_active_consumer_change(self, consumer_id, is_active):
-        pass
-
-    async def check_liveness(self, timeout):
-        return True
-
-    def close(self, reason=""):
-        self.active = False
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 20))
 
 
 def _send(topic: Topic, producer, seq: int, batch: int | None = None) -> None:
@@ -90,14 +42,27 @@ async def _topic(entries_per_ledger: int | None = None) -> tuple[Topic, MemoryMa
     return t, svc.mls["persistent://public/default/t"]
 
 
+async def _topic_with(n: int, *, batch: int | None = None, entries_per_ledger: int | None = None,
+                      svc: MemoryBrokerService | None = None) -> tuple[Topic, FakeCnx, list[Position]]:
+    """A topic (of `svc`, default a new in-memory broker) whose producer "p" (id 0, on a new
+    FakeCnx) has published `n` entries, all persisted: single messages with sequence ids 0..n-1, or
+    batches of `batch` messages with sequence ids 0, batch, 2*batch ... -> (topic, cnx, the entries'
+    positions in receipt order)."""
+    if svc is None:
+        svc = MemoryBrokerService(entries_per_ledger=entries_per_ledger)
+    topic = await svc.get_topic("persistent://public/default/t")
+    cnx = FakeCnx()
+    p = await topic.add_producer(cnx, 0, "p")
+    for i in range(n):
+        _send(topic, p, i * batch if batch else i, batch=batch)
+    await _settle()
+    return topic, cnx, [r[2] for r in cnx.receipts]
+
+
 def test_receipts_are_in_order_and_dispatch_crosses_ledgers():
     async def scenario():
-        topic, ml = await _topic(entries_per_ledger=4)
-        cnx = FakeCnx()
-        p = await topic.add_producer(cnx, 0, "p")
-        for i in range(10):
-            _send(topic, p, i)
-        await _settle()
+        topic, cnx, _ = await _topic_with(10, entries_per_ledger=4)
+        ml = topic.ml
         assert [r[1] for r in cnx.receipts] == list(range(10))
         ledgers = sorted({r[2].ledger_id for r in cnx.receipts})
         assert len(ledgers) == 3 and cnx.pending == 0
@@ -119,12 +84,7 @@ def test_receipts_are_in_order_and_dispatch_crosses_ledgers():
 
 def test_batches_consume_permits_per_message_and_cumulative_ack():
     async def scenario():
-        topic, ml = await _topic()
-        cnx = FakeCnx()
-        p = await topic.add_producer(cnx, 0, "p")
-        for i in range(5):
-            _send(topic, p, i * 10, batch=10)
-        await _settle()
+        topic, cnx, _ = await _topic_with(5, batch=10)
         c = await topic.subscribe(cnx, _subscribe_cmd("s", 1))
         c.sub.flow(c, 25)           # 3 batches of 10 (the last one overdraws, as Pulsar does)
         await _settle()
@@ -137,41 +97,64 @@ def test_batches_consume_permits_per_message_and_cumulative_ack():
     run(scenario())
 
 
-def test_consumer_removal_redelivers_with_counts():
+def test_redelivery_counts_follow_pulsar():
+    """Counts come from Pulsar's redelivery tracker: Shared/Key_Shared count explicit redeliveries
+    (negative acks, ack timeouts, redeliver-all) but not a consumer leaving, and forget them when the
+    last consumer leaves; Exclusive/Failover have no tracker (always 0)."""
     async def scenario():
-        topic, _ = await _topic()
-        cnx = FakeCnx()
-        p = await topic.add_producer(cnx, 0, "p")
-        for i in range(4):
-            _send(topic, p, i)
-        await _settle()
-        c = await topic.subscribe(cnx, _subscribe_cmd("s", 1))
+        topic, cnx, _ = await _topic_with(4)
+        # Exclusive: a consumer going away, a redeliver-all: the entries come again, count 0
+        c = await topic.subscribe(cnx, _subscribe_cmd("ex", 1))
         c.sub.flow(c, 100)
         await _settle()
         c.sub.ack_individual([cnx.messages[1][1]])
         sub = c.sub
         sub.remove_consumer(c)
         cnx.messages.clear()
-        c2 = await topic.subscribe(cnx, _subscribe_cmd("s", 2))
+        c2 = await topic.subscribe(cnx, _subscribe_cmd("ex", 2))
         sub.flow(c2, 100)
         await _settle()
-        assert [(m[0], m[2]) for m in cnx.messages] == [(2, 1)] * 3
-        # redeliver-all on the new consumer bumps the count again
+        assert [(m[0], m[2]) for m in cnx.messages] == [(2, 0)] * 3
         cnx.messages.clear()
         sub.redeliver(c2, None)
         await _settle()
-        assert [m[2] for m in cnx.messages] == [2, 2, 2]
+        assert [m[2] for m in cnx.messages] == [0, 0, 0]
+        # Shared: a listed redelivery counts, the holder leaving does not
+        cnx.messages.clear()
+        a = await topic.subscribe(cnx, _subscribe_cmd("sh", 3, sub_type=1))
+        a.sub.flow(a, 100)
+        await _settle()
+        ids = [m[1] for m in cnx.messages]
+        assert len(ids) == 4
+        cnx.messages.clear()
+        a.sub.redeliver(a, [ids[0]])
+        await _settle()
+        assert cnx.messages == [(3, ids[0], 1)]
+        b = await topic.subscribe(cnx, _subscribe_cmd("sh", 4, sub_type=1))
+        cnx.messages.clear()
+        a.sub.remove_consumer(a)
+        a.sub.flow(b, 100)
+        await _settle()
+        assert sorted(cnx.messages) == sorted([(4, ids[0], 1)] + [(4, i, 0) for i in ids[1:]])
+        # redeliver-all (an empty list) counts every entry the consumer holds
+        cnx.messages.clear()
+        b.sub.redeliver(b, [])
+        await _settle()
+        assert sorted(cnx.messages) == sorted([(4, ids[0], 2)] + [(4, i, 1) for i in ids[1:]])
+        # the last consumer leaving resets the counts
+        shared = b.sub
+        shared.remove_consumer(b)
+        d = await topic.subscribe(cnx, _subscribe_cmd("sh", 5, sub_type=1))
+        cnx.messages.clear()
+        shared.flow(d, 100)
+        await _settle()
+        assert sorted(cnx.messages) == sorted((5, i, 0) for i in ids)
     run(scenario())
 
 
 def test_shared_subscription_round_robin_and_redelivery_of_listed_ids():
     async def scenario():
-        topic, _ = await _topic()
-        cnx = FakeCnx()
-        p = await topic.add_producer(cnx, 0, "p")
-        for i in range(6):
-            _send(topic, p, i)
-        await _settle()
+        topic, cnx, _ = await _topic_with(6)
         a = await topic.subscribe(cnx, _subscribe_cmd("s", 1, sub_type=1))
         b = await topic.subscribe(cnx, _subscribe_cmd("s", 2, sub_type=1))
         a.sub.flow(a, 3)
@@ -237,13 +220,7 @@ def test_persistence_error_and_fencing():
 
 def test_reader_start_positions():
     async def scenario():
-        topic, _ = await _topic()
-        cnx = FakeCnx()
-        p = await topic.add_producer(cnx, 0, "p")
-        for i in range(5):
-            _send(topic, p, i)
-        await _settle()
-        ids = [r[2] for r in cnx.receipts]
+        topic, cnx, ids = await _topic_with(5)
 
         async def first_delivery(start):
             cnx.messages.clear()
@@ -263,4 +240,234 @@ def test_reader_start_positions():
         assert await first_delivery((ids[2].ledger_id, ids[2].entry_id)) == ids[2]
         assert await first_delivery(((1 << 63) - 1, (1 << 63) - 1)) is None
         assert await first_delivery(None) is None                 # Latest
+    run(scenario())
+
+
+# ----------------------------------------------------------------------------- dispatch policies
+
+def _send_key(topic: Topic, producer, seq: int, key: str) -> None:
+    md = pb.MessageMetadata(producer_name=producer.name, sequence_id=seq, publish_time=1000 + seq,
+                            partition_key=key)
+    topic.publish(producer, seq, seq, frames.build_entry(md, b"payload"), md)
+
+
+def test_shared_round_robin_in_batches_of_20_within_permits_and_priority():
+    async def scenario():
+        topic, cnx, _ = await _topic_with(70)
+        a = await topic.subscribe(cnx, _subscribe_cmd("s", 1, sub_type=1))
+        b = await topic.subscribe(cnx, _subscribe_cmd("s", 2, sub_type=1))
+        zero = await topic.subscribe(cnx, _subscribe_cmd("s", 3, sub_type=1))   # never sends FLOW
+        sub = a.sub
+        a.permits, b.permits = 1000, 25                 # as FLOW would
+        sub.wake()
+        await _settle()
+        runs = [(k, len(list(g))) for k, g in itertools.groupby(m[0] for m in cnx.messages)]
+        # Pulsar's dispatcherMaxRoundRobinBatchSize: up to 20 entries to one consumer, then the next
+        assert runs == [(1, 20), (2, 20), (1, 20), (2, 5), (1, 5)]
+        assert b.permits == 0 and not any(m[0] == 3 for m in cnx.messages) and zero.permits == 0
+        # a better priority level goes first while it has permits
+        topic2, cnx2, _ = await _topic_with(30)
+        low = _subscribe_cmd("s", 1, sub_type=1)
+        low.priority_level = 1
+        lo = await topic2.subscribe(cnx2, low)
+        hi = await topic2.subscribe(cnx2, _subscribe_cmd("s", 2, sub_type=1))
+        lo.permits, hi.permits = 100, 10
+        lo.sub.wake()
+        await _settle()
+        assert [m[0] for m in cnx2.messages] == [2] * 10 + [1] * 20
+    run(scenario())
+
+
+def test_key_shared_routes_by_murmur3_auto_split_and_drains_moved_keys_in_order():
+    from clusters.broker.murmur3 import sticky_key_hash
+
+    async def scenario():
+        topic, _ = await _topic()
+        cnx = FakeCnx()
+        p = await topic.add_producer(cnx, 0, "p")
+        keys = [f"key-{i}" for i in range(12)]
+        low = [k for k in keys if sticky_key_hash(k.encode()) <= 32768]      # B's half once it joins
+        high = [k for k in keys if k not in low]
+        assert low and high
+        a = await topic.subscribe(cnx, _subscribe_cmd("ks", 1, sub_type=3))
+        a.sub.flow(a, 1000)
+        for i, k in enumerate(keys):
+            _send_key(topic, p, i, k)
+        await _settle()
+        first = {m[1]: k for m, k in zip(cnx.messages, keys)}
+        assert [m[0] for m in cnx.messages] == [1] * 12
+        # B joins and takes [0, 32768]; A still holds the first message of every key
+        b = await topic.subscribe(cnx, _subscribe_cmd("ks", 2, sub_type=3))
+        b.sub.flow(b, 1000)
+        cnx.messages.clear()
+        for i, k in enumerate(keys):
+            _send_key(topic, p, 100 + i, k)
+        await _settle()
+        # keys staying with A flow on; keys moved to B wait until A acknowledges them
+        assert [m[0] for m in cnx.messages] == [1] * len(high)
+        assert len(a.sub.replay) == len(low)
+        # A acknowledges the first message of one moved key: only that key goes to B
+        moved = low[0]
+        pos_first = next(pos for pos, k in first.items() if k == moved)
+        cnx.messages.clear()
+        a.sub.ack_individual([pos_first])
+        await _settle()
+        assert [m[0] for m in cnx.messages] == [2]
+        # the rest follows once A lets go of everything (its pending go back; B gets their keys)
+        cnx.messages.clear()
+        a.sub.ack_individual(list(first))
+        await _settle()
+        assert sorted(m[0] for m in cnx.messages) == [2] * (len(low) - 1)
+        # ordering rule for reads: a key with an entry waiting for redelivery is not read past it
+        cnx.messages.clear()
+        b.permits = 0
+        _send_key(topic, p, 500, low[1])
+        await _settle()
+        assert cnx.messages == [] and len(a.sub.replay) == 1
+        _send_key(topic, p, 501, high[0])                  # another key: not held up
+        await _settle()
+        assert [m[0] for m in cnx.messages] == [1]
+        b.sub.flow(b, 10)
+        await _settle()
+        assert [m[0] for m in cnx.messages] == [1, 2]
+    run(scenario())
+
+
+def test_key_shared_refuses_mixed_modes_and_overlapping_sticky_ranges():
+    from clusters.broker.topic import ConsumerAssignFailed, ConsumerBusy
+
+    def sticky(cid, ranges):
+        cmd = _subscribe_cmd("ks", cid, sub_type=3)
+        cmd.keySharedMeta.keySharedMode = pb.STICKY
+        for s_, e_ in ranges:
+            r = cmd.keySharedMeta.hashRanges.add()
+            r.start, r.end = s_, e_
+        return cmd
+
+    async def scenario():
+        topic, _ = await _topic()
+        cnx = FakeCnx()
+        await topic.subscribe(cnx, sticky(1, [(0, 100)]))
+        with pytest.raises(ConsumerAssignFailed, match="Range conflict"):
+            await topic.subscribe(cnx, sticky(2, [(50, 200)]))
+        with pytest.raises(ConsumerBusy, match="key_shared mode of 'STICKY'"):
+            await topic.subscribe(cnx, _subscribe_cmd("ks", 3, sub_type=3))
+        with pytest.raises(ConsumerBusy, match="Subscription is of different type"):
+            await topic.subscribe(cnx, _subscribe_cmd("ks", 4, sub_type=1))
+        assert len(topic.subscriptions["ks"].consumers) == 1
+    run(scenario())
+
+
+def test_failover_picks_as_pulsar_and_notifies_every_consumer():
+    from clusters.broker.selectors import pick_active
+
+    def fo(cid, name):
+        cmd = _subscribe_cmd("fo", cid, sub_type=2)
+        cmd.consumer_name = name
+        return cmd
+
+    async def scenario():
+        svc = MemoryBrokerService()
+        name = "persistent://public/default/t-partition-1"
+        topic = await svc.get_topic(name)
+        cnx = FakeCnx()
+        c = {}
+        c["b"] = await topic.subscribe(cnx, fo(2, "b"))
+        assert cnx.active_changes == [(2, True)]
+        c["c"] = await topic.subscribe(cnx, fo(3, "c"))      # sorted [b, c]: partition 1 -> c
+        assert cnx.active_changes[1:] == [(2, False), (3, True)]
+        cnx.active_changes.clear()
+        c["a"] = await topic.subscribe(cnx, fo(1, "a"))      # [a, b, c]: 1 % 3 -> b
+        assert sorted(cnx.active_changes) == [(1, False), (2, True), (3, False)]
+        sub = c["a"].sub
+        assert sub.dispatcher.active is c["b"]
+        cnx.active_changes.clear()
+        c["d"] = await topic.subscribe(cnx, fo(4, "d"))      # [a..d]: 1 % 4 -> b, unchanged
+        assert cnx.active_changes == [(4, False)]            # only the newcomer is told
+        # the active one leaving hands what it held to the next, redelivery count 0
+        p = await topic.add_producer(cnx, 0, "p")
+        for i in range(3):
+            _send(topic, p, i)
+        for x in c.values():
+            sub.flow(x, 10)
+        await _settle()
+        assert [m[0] for m in cnx.messages] == [2, 2, 2]
+        cnx.messages.clear()
+        sub.remove_consumer(c["b"])                          # [a, c, d]: 1 % 3 -> c
+        await _settle()
+        assert sub.dispatcher.active is c["c"]
+        assert [(m[0], m[2]) for m in cnx.messages] == [(3, 0)] * 3
+        # a non-partitioned topic: the consistent-hash ring, whatever the join order
+        t2 = await svc.get_topic("persistent://public/default/plain")
+        for cid, n in enumerate(["x", "y", "z", "w"]):
+            await t2.subscribe(cnx, fo(10 + cid, n))
+        s2 = t2.subscriptions["fo"]
+        assert s2.dispatcher.active is pick_active(s2.consumers, t2.name)
+    run(scenario())
+
+
+def test_batch_index_acknowledgement():
+    async def scenario():
+        svc = MemoryBrokerService()
+        svc.config.acknowledgment_at_batch_index_level_enabled = True
+        topic, cnx, _ = await _topic_with(2, batch=10, svc=svc)
+        c = await topic.subscribe(cnx, _subscribe_cmd("s", 1, sub_type=1))
+        sub = c.sub
+        sub.flow(c, 100)
+        await _settle()
+        e0, e1 = cnx.messages[0][1], cnx.messages[1][1]
+        assert c.permits == 80
+        # indexes 0-3 of the first batch acknowledged: bits 4..9 still set
+        sub.ack_batch_index(e0, [0b1111110000])
+        sub.ack_batch_index(e0, [0b1111111100])      # bits add up (AND): 0-3 stay acknowledged
+        assert sub.batch_acks[e0] == [0b1111110000] and sub.mark_delete is None
+        cnx.messages.clear()
+        sub.redeliver(c, [e0])
+        await _settle()
+        # the redelivery carries the ack_set and costs only the 6 unacknowledged messages
+        assert cnx.messages == [(1, e0, 1)] and cnx.ack_sets[(1, e0)] == [0b1111110000]
+        assert c.permits == 80 - 6 and c.pending[e0] == 6
+        sub.ack_batch_index(e0, [0])                 # the rest: the entry is acknowledged
+        assert e0 not in sub.outstanding and e0 not in sub.batch_acks
+        # negative words (bit 63 set) survive as int64
+        sub.ack_batch_index(e1, [-2])
+        assert sub.batch_acks[e1] == [-2]
+        # disabled (Pulsar's default): partial acks are ignored
+        svc.config.acknowledgment_at_batch_index_level_enabled = False
+        sub.ack_batch_index(e1, [1])
+        assert sub.batch_acks[e1] == [-2]
+    run(scenario())
+
+
+def test_cumulative_ack_with_an_ack_set_stops_before_the_batch():
+    async def scenario():
+        svc = MemoryBrokerService()
+        svc.config.acknowledgment_at_batch_index_level_enabled = True
+        topic, cnx, _ = await _topic_with(3, batch=10, svc=svc)
+        c = await topic.subscribe(cnx, _subscribe_cmd("s", 1))
+        c.sub.flow(c, 100)
+        await _settle()
+        ids = [m[1] for m in cnx.messages]
+        c.sub.ack_cumulative(ids[1], [0b1111100000])
+        assert c.sub.mark_delete == ids[0] and c.sub.batch_acks[ids[1]] == [0b1111100000]
+    run(scenario())
+
+
+def test_seek_forgets_acks_and_disconnects_consumers():
+    async def scenario():
+        topic, cnx, ids = await _topic_with(5)
+        c = await topic.subscribe(cnx, _subscribe_cmd("s", 1, sub_type=1))
+        sub = c.sub
+        sub.flow(c, 100)
+        await _settle()
+        sub.ack_individual(ids)
+        sub.redeliveries[ids[0]] = 3
+        await sub.reset(ids[1])
+        assert cnx.closed_consumers == [1] and not sub.consumers
+        assert sub.mark_delete == ids[0] and sub.read_position == ids[1] and not sub.redeliveries
+        cnx.messages.clear()
+        c2 = await topic.subscribe(cnx, _subscribe_cmd("s", 2, sub_type=1))
+        sub.flow(c2, 100)
+        await _settle()
+        assert [m[1] for m in cnx.messages] == ids[1:]
     run(scenario())

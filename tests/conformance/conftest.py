@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from clusters.deploy.netns import ClusterSpec, NetnsCluster
+from clusters.deploy.netns import NetnsCluster
+from tests.netns import netns_cluster, pulsar_client
 
 BROKER_SETTINGS = {"max_entries_per_ledger": 100}
 
@@ -31,25 +32,15 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def cluster():
-    spec = ClusterSpec(name=f"cf{uuid.uuid4().hex[:4]}", brokers=2, bookies=3, zookeepers=1,
-                       ensemble=3, write_quorum=2, ack_quorum=2, broker_config=dict(BROKER_SETTINGS))
-    c = NetnsCluster(spec)
-    try:
-        c.up()
+    with netns_cluster("cf", brokers=2, bookies=3, zookeepers=1, ensemble=3, write_quorum=2,
+                       ack_quorum=2, broker_config=dict(BROKER_SETTINGS)) as c:
         yield c
-    finally:
-        c.down()
 
 
 @pytest.fixture
 def client(cluster):
-    import pulsar
-    c = pulsar.Client(cluster.service_url, operation_timeout_seconds=30,
-                      logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    try:
+    with pulsar_client(cluster.service_url) as c:
         yield c
-    finally:
-        c.close()
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from clusters.broker.ownership import bundle_of
-from clusters.deploy.netns import ClusterSpec, NetnsCluster
+from tests.netns import netns_cluster, pulsar_client
 
 pytestmark = pytest.mark.integration
 
@@ -20,24 +20,14 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def cluster():
     # 4 bookies for E=3: an ensemble change needs a live bookie outside the ensemble (as in BookKeeper)
-    spec = ClusterSpec(name=f"it{uuid.uuid4().hex[:4]}", brokers=2, bookies=4, zookeepers=1,
-                       ensemble=3, write_quorum=2, ack_quorum=2)
-    c = NetnsCluster(spec)
-    try:
-        c.up()
+    with netns_cluster("it", brokers=2, bookies=4, zookeepers=1, ensemble=3, write_quorum=2, ack_quorum=2) as c:
         yield c
-    finally:
-        c.down()
 
 
 @pytest.fixture
 def client(cluster):
-    c = pulsar.Client(cluster.service_url, operation_timeout_seconds=45,
-                      logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    try:
+    with pulsar_client(cluster.service_url, operation_timeout_seconds=45) as c:
         yield c
-    finally:
-        c.close()
 
 
 def new_topic() -> str:

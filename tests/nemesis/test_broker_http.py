@@ -113,17 +113,23 @@ def test_internal_stats_from_zookeeper(zk):
         try:
             base = a.config.web_url
             st, ans = await get(f"{base}/admin/v2/persistent/public/default/nothing/internalStats")
-            assert st == 404 and "no managed ledger" in ans["reason"]
+            assert st == 404 and ans["reason"] == "Topic persistent://public/default/nothing not found"
             path = "/managed-ledgers/public/default/persistent/stats-t"
             await a.store.create(path, json.dumps({"ledgers": [
                 {"ledger_id": 3, "entries": 10, "size": 100, "timestamp": 1.0},
                 {"ledger_id": 7, "entries": None, "size": 0, "timestamp": 2.0}]}).encode(), makepath=True)
             await a.store.create(f"{path}/sub", json.dumps({"mark_delete": [3, 4]}).encode())
+            await a.store.create(f"{path}/sub2", json.dumps({
+                "cursors_ledger_id": 9, "mark_delete": [3, 1], "individual_deleted": [[3, 2, 3, 4]]}).encode())
             st, ans = await get(f"{base}/admin/v2/persistent/public/default/stats-t/internalStats")
             assert st == 200
             assert [(l["ledgerId"], l["entries"]) for l in ans["ledgers"]] == [(3, 10), (7, None)]
+            assert [l["metadata"] for l in ans["ledgers"]] == [None, None]      # no BookKeeper client here
             assert ans["numberOfEntries"] == 10 and ans["totalSize"] == 100
-            assert ans["cursors"] == {"sub": {"markDeletePosition": "3:4"}}
+            assert ans["cursors"] == {
+                "sub": {"markDeletePosition": "3:4", "individuallyDeletedMessages": "[]", "cursorLedger": -1},
+                "sub2": {"markDeletePosition": "3:1", "individuallyDeletedMessages": "[(3:2..3:4]]",
+                         "cursorLedger": 9}}
             assert ans["source"] == "zookeeper"
         finally:
             await ha.close()
