@@ -137,13 +137,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ensemble", type=int, default=3)
     ap.add_argument("--write-quorum", type=int, default=2)
     ap.add_argument("--ack-quorum", type=int, default=2)
+    ap.add_argument("--dedup", action="store_true",
+                    help="brokers deduplicate every topic (brokerDeduplicationEnabled)")
     ap.add_argument("--json", help="write the figures to this file")
     args = ap.parse_args(argv)
 
     spec = ClusterSpec(name=f"bn{uuid.uuid4().hex[:4]}", brokers=2, bookies=3, zookeepers=1,
-                       ensemble=args.ensemble, write_quorum=args.write_quorum, ack_quorum=args.ack_quorum)
+                       ensemble=args.ensemble, write_quorum=args.write_quorum, ack_quorum=args.ack_quorum,
+                       broker_config={"deduplication_enabled": True} if args.dedup else {})
     cluster = NetnsCluster(spec)
-    results: dict = {"ensemble": args.ensemble, "write_quorum": args.write_quorum,
+    results: dict = {"dedup": args.dedup, "ensemble": args.ensemble, "write_quorum": args.write_quorum,
                      "ack_quorum": args.ack_quorum, "payload_bytes": args.size}
     try:
         cluster.up()
@@ -165,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         cluster.down()
 
     b, u, l, c = results["batched"], results["unbatched"], results["latency"], results["consume_batched"]
-    print(f"E/Qw/Qa {args.ensemble}/{args.write_quorum}/{args.ack_quorum}, {args.size}-byte messages")
+    print(f"E/Qw/Qa {args.ensemble}/{args.write_quorum}/{args.ack_quorum}, {args.size}-byte messages"
+          f"{', deduplication on' if args.dedup else ''}")
     print(f"  batched publish    {b['msg_per_s']:>8} msg/s  ({b['acked']}/{b['messages']} acked in {b['seconds']} s,"
           f" {b['producers']} producers: {b['per_producer_msg_per_s']})")
     print(f"  consume (batched)  {c['msg_per_s']:>8} msg/s  ({c['messages']} received)")

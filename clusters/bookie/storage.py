@@ -248,6 +248,13 @@ class LedgerStorage:
 
     # -- reads -------------------------------------------------------------------
     def cached(self, ledger: int, entry: int) -> Entry | None:
+        """The entry from the write cache, the cache being flushed or the read cache (counted as a hit)."""
+        e = self._cached(ledger, entry)
+        if e is not None:
+            CACHE_HITS.inc()
+        return e
+
+    def _cached(self, ledger: int, entry: int) -> Entry | None:
         per = self._cache.get(ledger)
         if per is not None:
             e = per.get(entry)
@@ -266,7 +273,6 @@ class LedgerStorage:
         """The entry, or None if this bookie does not have it; raises CorruptEntry."""
         e = self.cached(ledger, entry)
         if e is not None:
-            CACHE_HITS.inc()
             return e
         CACHE_MISSES.inc()
         # join a disk read (with read-ahead) already covering this entry
