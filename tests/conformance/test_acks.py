@@ -7,6 +7,7 @@ import uuid
 import pulsar
 import pytest
 
+from tests.netns import netns_cluster, pulsar_client
 from tests.conformance.test_subscriptions import EARLIEST, KEY_SHARED, SHARED, drain, nothing_more, \
     receive_n, values
 
