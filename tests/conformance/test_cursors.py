@@ -75,7 +75,8 @@ def test_owner_crash_redelivers_every_unacked_message_and_no_persisted_ack(clust
                                 initial_position=pulsar.InitialPosition.Earliest)
     _produce(client, topic, N)        # after subscribing: without retention nothing else keeps them
     msgs = _receive_all(consumer, N)
-    acked = {i for i in range(N) if i < 40 or i % 3 != 0}      # mark-delete at 39, then holes
+    # acknowledged: 0..41 contiguous (40 and 41 are not multiples of 3), then every i % 3 != 0
+    acked = {i for i in range(N) if i < 40 or i % 3 != 0}
     for i in sorted(acked):
         consumer.acknowledge(msgs[i])
     time.sleep(PERSIST_WAIT)

@@ -101,9 +101,17 @@ def _assert_check_and_report_work(run_dir: Path, expect_check: int) -> None:
     assert Path(out.stdout.strip()) == run_dir / "report.html" and (run_dir / "report.html").stat().st_size > 0
 
 
+def _default_sigint() -> None:
+    # A shell without job control starts background commands with SIGINT ignored, and a process
+    # that starts with SIGINT ignored keeps ignoring it (as Python does): when the test suite itself
+    # runs in the background, the run under test must still get SIGINT the way a terminal sends it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(tmp_path: Path, name: str, *args: str) -> subprocess.Popen:
     return subprocess.Popen([EXE, "run", "--results-dir", str(tmp_path), "--test-name", name, *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint)
 
 
 def _wait_for_ops(run_dir: Path, timeout: float = 40) -> None:
