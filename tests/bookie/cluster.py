@@ -18,9 +18,32 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+_HANDED_OUT: set[int] = set()
+
+
+def free_ports(n: int) -> list[int]:
+    """n free ports on 127.0.0.1, distinct from each other and from every port handed out before in
+    this process (a bookie binds its ports only when it starts, after its neighbours chose theirs)."""
+    socks: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        while len(ports) < n:      # every socket stays bound until the end, so none repeats
+            if len(socks) > n + 64:
+                raise RuntimeError("no free ports on 127.0.0.1")
+            sock = socket.socket()
+            socks.append(sock)
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+            if port not in _HANDED_OUT:
+                ports.append(port)
+        _HANDED_OUT.update(ports)
+        return ports
+    finally:
+        for s in socks:
+            s.close()
 
 
 class BookieProc:
@@ -30,8 +53,9 @@ class BookieProc:
         self.name = name
         self.dir = base / name
         self.dir.mkdir(parents=True, exist_ok=True)
+        port, http_port = free_ports(2)
         self.cfg = BookieConfig(name=name, host="127.0.0.1", zk=zk, data_dir=str(self.dir / "data"),
-                                port=free_port(), **{"http_port": free_port(), **settings})
+                                port=port, **{"http_port": http_port, **settings})
         self.cfg_path = node_config.write(self.cfg, self.dir / "config.json")
         self.proc: subprocess.Popen | None = None
         self.log_path = self.dir / "bookie.log"
