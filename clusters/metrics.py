@@ -58,8 +58,8 @@ class _Metric:
         return head + "".join(s + "\n" for s in self.samples())
 
 
-class Counter(_Metric):
-    kind = "counter"
+class _Valued(_Metric):
+    """One number per label set (counters and settable gauges)."""
 
     def __init__(self, name: str, help: str, labels: Iterable[str] = ()):
         super().__init__(name, help, labels)
@@ -79,14 +79,17 @@ class Counter(_Metric):
         return [f"{self.name}{_labels(self.label_names, k)} {_num(v)}" for k, v in items]
 
 
-class Gauge(_Metric):
+class Counter(_Valued):
+    kind = "counter"
+
+
+class Gauge(_Valued):
     kind = "gauge"
 
     def __init__(self, name: str, help: str, labels: Iterable[str] = (),
                  fn: Callable[[], float | dict[tuple, float]] | None = None):
         """`fn`, when given, is called at scrape time: a number, or {label values: number}."""
         super().__init__(name, help, labels)
-        self._values: dict[tuple[str, ...], float] = {}
         self.fn = fn
 
     def set(self, value: float, *labels: Any) -> None:
@@ -94,28 +97,18 @@ class Gauge(_Metric):
         with self._lock:
             self._values[k] = float(value)
 
-    def inc(self, amount: float = 1.0, *labels: Any) -> None:
-        k = self._key(labels)
-        with self._lock:
-            self._values[k] = self._values.get(k, 0.0) + amount
-
-    def value(self, *labels: Any) -> float:
-        return self._values.get(self._key(labels), 0.0)
-
     def samples(self) -> list[str]:
-        if self.fn is not None:
-            try:
-                got = self.fn()
-            except Exception:
-                return []
-            if isinstance(got, dict):
-                items = sorted((self._key(tuple(k) if isinstance(k, tuple) else (k,)), float(v))
-                               for k, v in got.items())
-            else:
-                items = [((), float(got))]
+        if self.fn is None:
+            return super().samples()
+        try:
+            got = self.fn()
+        except Exception:
+            return []
+        if isinstance(got, dict):
+            items = sorted((self._key(tuple(k) if isinstance(k, tuple) else (k,)), float(v))
+                           for k, v in got.items())
         else:
-            with self._lock:
-                items = sorted(self._values.items()) or ([((), 0.0)] if not self.label_names else [])
+            items = [((), float(got))]
         return [f"{self.name}{_labels(self.label_names, k)} {_num(v)}" for k, v in items]
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from clusters import bugs as bug_knobs
+from clusters.deploy.spec import shape_problem
 
 WORKLOADS = ("log",)
 DEFAULT_NEMESES = ("partition", "kill", "pause", "zk-isolate")
@@ -85,15 +86,9 @@ class TestSpec:
             if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
                 raise err(name, f"must be a whole number from {lo} to {hi}, not {v!r}",
                           f"set {name} between {lo} and {hi}")
-        if self.zookeepers % 2 == 0:
-            raise err("zookeepers", f"{self.zookeepers} cannot form a majority", "use 1, 3 or 5")
-        if not self.ensemble >= self.write_quorum >= self.ack_quorum:
-            raise err("ack_quorum", f"needs ensemble >= write_quorum >= ack_quorum, got "
-                      f"{self.ensemble}/{self.write_quorum}/{self.ack_quorum}",
-                      "lower the quorums or raise the ensemble")
-        if self.bookies < self.ensemble:
-            raise err("bookies", f"{self.bookies} bookies cannot hold an ensemble of {self.ensemble}",
-                      "add bookies or lower ensemble")
+        problem = shape_problem(self.zookeepers, self.bookies, self.ensemble, self.write_quorum, self.ack_quorum)
+        if problem is not None:
+            raise err(*problem)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise err("seed", f"must be a whole number >= 0, not {self.seed!r}", "use e.g. --seed 42")
         if self.backend not in BACKENDS:

@@ -10,7 +10,21 @@ from nemesis.base import Nemesis, NemesisContext, NemesisError, normalize_topic
 SHAPES = ("halves", "one", "bridge", "majorities-ring")
 
 
-class PartitionNemesis(Nemesis):
+class _GrudgeNemesis(Nemesis):
+    """A fault that is a grudge applied with `cluster.partition`; stopping heals every partition and
+    journals the healed grudge with the `healed_keys` of what was applied."""
+
+    healed_keys: tuple[str, ...] = ("grudge",)
+
+    def stop(self, ctx: NemesisContext) -> dict[str, Any]:
+        if self.applied is None:
+            return {}
+        ctx.cluster.heal()
+        undone, self.applied = self.applied, None
+        return {"healed": True, **{k: undone[k] for k in self.healed_keys}}
+
+
+class PartitionNemesis(_GrudgeNemesis):
     """Cut the cluster's network along a random shape.
 
     - halves (`partition`): brokers and bookies shuffled and cut in two non-empty halves, ZooKeeper
@@ -60,13 +74,6 @@ class PartitionNemesis(Nemesis):
         ctx.cluster.partition(grudge)
         return value
 
-    def stop(self, ctx: NemesisContext) -> dict[str, Any]:
-        if self.applied is None:
-            return {}
-        ctx.cluster.heal()
-        undone, self.applied = self.applied, None
-        return {"healed": True, "grudge": undone["grudge"]}
-
     def describe(self) -> str:
         if not self.applied:
             return self.name
@@ -77,7 +84,7 @@ class PartitionNemesis(Nemesis):
         return f"{self.name}: ring {','.join(self.applied['ring'])}"
 
 
-class ZkIsolateNemesis(Nemesis):
+class ZkIsolateNemesis(_GrudgeNemesis):
     """Cut a topic's current owner from every ZooKeeper node (and only from them).
 
     The topic is drawn from the context's topics; its owner is asked of the brokers when the fault
@@ -85,6 +92,7 @@ class ZkIsolateNemesis(Nemesis):
     bookies, other brokers and clients: Vanlightly's `isolate-broker-from-zk`."""
 
     name = "zk-isolate"
+    healed_keys = ("topic", "owner", "grudge")
 
     def choose(self, ctx: NemesisContext) -> dict[str, Any]:
         if not ctx.topics:
@@ -104,13 +112,6 @@ class ZkIsolateNemesis(Nemesis):
         self.applied = value
         ctx.cluster.partition(grudge)
         return value
-
-    def stop(self, ctx: NemesisContext) -> dict[str, Any]:
-        if self.applied is None:
-            return {}
-        ctx.cluster.heal()
-        undone, self.applied = self.applied, None
-        return {"healed": True, "topic": undone["topic"], "owner": undone["owner"], "grudge": undone["grudge"]}
 
     def describe(self) -> str:
         if not self.applied:

@@ -1,12 +1,15 @@
-"""Helpers shared by the tests' fixtures: a throwaway network-namespace cluster, and an official
-`pulsar-client` that logs only errors (for netns clusters and the in-memory broker alike)."""
+"""Helpers shared by the tests' fixtures: a throwaway network-namespace cluster, an official
+`pulsar-client` that logs only errors (for netns clusters and the in-memory broker alike), and the
+owner of a topic as ZooKeeper records it."""
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from clusters.broker.ownership import bundle_of
 from clusters.deploy.netns import ClusterSpec, NetnsCluster
 
 
@@ -32,3 +35,20 @@ def pulsar_client(url: str, operation_timeout_seconds: int = 30, **kw: Any) -> I
         yield c
     finally:
         c.close()
+
+
+def owner_node(cluster: Any, topic: str) -> str:
+    """The broker node whose ephemeral znode owns the topic's bundle (as an operator would read it)."""
+    from kazoo.client import KazooClient
+    zk = KazooClient(hosts=cluster.zk_connect)
+    zk.start(20)
+    try:
+        data, _ = zk.get(bundle_of(topic, 4).path)
+    finally:
+        zk.stop()
+        zk.close()
+    addr = json.loads(data)["broker"].split(":")[0]
+    for n in cluster.nodes("broker"):
+        if n.host == addr:
+            return n.name
+    raise AssertionError(f"owner {addr} is not a broker of the cluster")

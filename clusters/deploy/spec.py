@@ -26,6 +26,25 @@ MAX_PER_ROLE = {"zookeeper": 5, "bookie": 39, "broker": 39, "client": 9}
 DEPLOY_BROKER_DEFAULTS: dict[str, Any] = {"default_retention_minutes": -1, "default_retention_size_mb": -1}
 
 
+def shape_problem(zookeepers: int, bookies: int, ensemble: int, write_quorum: int, ack_quorum: int,
+                  *, ledgers: bool = True) -> tuple[str, str, str] | None:
+    """The first rule a cluster's shape breaks, as (setting, problem, fix), or None. Shared by
+    ClusterSpec.validate and the harness's test spec (which names the setting). `ledgers=False`: a
+    cluster without brokers or bookies (ZooKeeper only) needs no bookies for an ensemble."""
+    if zookeepers not in (1, 3, 5):
+        return ("zookeepers", f"zookeepers={zookeepers}: an ensemble needs an odd size to form a majority",
+                "use --zookeepers 1, 3 or 5")
+    e, w, a = ensemble, write_quorum, ack_quorum
+    if not (e >= w >= a >= 1):
+        return ("ack_quorum", f"ensemble={e} write_quorum={w} ack_quorum={a} violates E >= Qw >= Qa >= 1 "
+                              f"(needs ensemble >= write_quorum >= ack_quorum)",
+                "choose e.g. --ensemble 3 --write-quorum 2 --ack-quorum 2")
+    if ledgers and bookies < e:
+        return ("bookies", f"bookies={bookies} is fewer than ensemble={e}: no ledger could be created",
+                f"use --bookies {e} or more, or a smaller --ensemble")
+    return None
+
+
 @dataclass
 class ClusterSpec:
     name: str = "default"
@@ -61,17 +80,10 @@ class ClusterSpec:
                                 f"pass --{role}s 0 or more" if role != "zookeeper" else "pass --zookeepers 1, 3 or 5")
             if n > MAX_PER_ROLE[role]:
                 raise SpecError(f"too many {role}s: {n}", f"use at most {MAX_PER_ROLE[role]}")
-        if self.zookeepers not in (1, 3, 5):
-            raise SpecError(f"zookeepers={self.zookeepers}: an ensemble needs an odd size",
-                            "use --zookeepers 1, 3 or 5")
-        e, w, a = self.ensemble, self.write_quorum, self.ack_quorum
-        if not (e >= w >= a >= 1):
-            raise SpecError(f"ensemble={e} write_quorum={w} ack_quorum={a} violates E >= Qw >= Qa >= 1",
-                            "choose e.g. --ensemble 3 --write-quorum 2 --ack-quorum 2")
-        # bookies=0 and brokers=0 is allowed: a ZooKeeper-only cluster (backend tests, tools)
-        if (self.brokers or self.bookies) and self.bookies < e:
-            raise SpecError(f"bookies={self.bookies} is fewer than ensemble={e}: no ledger could be created",
-                            f"use --bookies {e} or more, or a smaller --ensemble")
+        problem = shape_problem(self.zookeepers, self.bookies, self.ensemble, self.write_quorum,
+                                self.ack_quorum, ledgers=bool(self.brokers or self.bookies))
+        if problem is not None:
+            raise SpecError(problem[1], problem[2])
         try:
             # re-validates names and values; accepts the parsed form (key -> value)
             for key in self.bugs:

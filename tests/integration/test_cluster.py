@@ -2,17 +2,14 @@
 driven by the official pulsar-client from the host."""
 from __future__ import annotations
 
-import json
 import threading
 import time
 import uuid
 
 import pulsar
 import pytest
-from kazoo.client import KazooClient
 
-from clusters.broker.ownership import bundle_of
-from tests.netns import netns_cluster, pulsar_client
+from tests.netns import netns_cluster, owner_node, pulsar_client
 
 pytestmark = pytest.mark.integration
 
@@ -32,22 +29,6 @@ def client(cluster):
 
 def new_topic() -> str:
     return f"persistent://public/default/t-{uuid.uuid4().hex[:8]}"
-
-
-def owner_node(cluster, topic: str) -> str:
-    """The broker node whose ephemeral znode owns the topic's bundle (as an operator would read it)."""
-    zk = KazooClient(hosts=cluster.zk_connect)
-    zk.start(20)
-    try:
-        data, _ = zk.get(bundle_of(topic, 4).path)
-    finally:
-        zk.stop()
-        zk.close()
-    addr = json.loads(data)["broker"].split(":")[0]
-    for n in cluster.nodes("broker"):
-        if n.host == addr:
-            return n.name
-    raise AssertionError(f"owner {addr} is not a broker of the cluster")
 
 
 def drain(consumer, expect: int, timeout_ms: int = 15000) -> list[int]:

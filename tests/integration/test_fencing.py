@@ -13,7 +13,8 @@ import pulsar
 import pytest
 
 from clusters.deploy.netns import ClusterSpec, NetnsCluster
-from tests.integration.test_cluster import owner_node, read_all
+from tests.integration.test_cluster import read_all
+from tests.netns import owner_node
 
 pytestmark = pytest.mark.integration
 

@@ -14,13 +14,12 @@ import uuid
 
 import pulsar
 import pytest
-from kazoo.client import KazooClient
 
-from clusters.broker.ownership import bundle_of
 from clusters.deploy import procs
 from clusters.deploy.netns import ClusterSpec, NetnsCluster
 from harness.history import INVOKE, OK, Journal, read_jsonl
 from nemesis.base import http_lookup
+from tests.netns import owner_node
 from nemesis.combine import NemesisRunner
 
 pytestmark = pytest.mark.integration
@@ -87,18 +86,6 @@ def connect_from(cluster, src: str, dst: str, port_name: str, timeout: float = 1
 PORT = {"zookeeper": "client", "bookie": "bookie", "broker": "pulsar"}
 
 
-def zk_owner(cluster, topic: str) -> str:
-    zk = KazooClient(hosts=cluster.zk_connect)
-    zk.start(20)
-    try:
-        data, _ = zk.get(bundle_of(topic, 4).path)
-    finally:
-        zk.stop()
-        zk.close()
-    host = json.loads(data)["broker"].split(":")[0]
-    return next(n.name for n in cluster.nodes("broker") if n.host == host)
-
-
 def proc_state(pid: int) -> str | None:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -114,7 +101,7 @@ def fetch(url: str) -> bytes:
 
 
 def test_http_lookup_names_the_owner(cluster, topic):
-    owner = zk_owner(cluster, topic)
+    owner = owner_node(cluster, topic)
     host = cluster.node(owner).host
     for b in cluster.nodes("broker"):
         ans = http_lookup(f"http://{b.host}:{b.ports['http']}", topic)
@@ -186,7 +173,7 @@ def test_partition_halves(cluster, runner):
 
 def test_zk_isolate_cuts_the_owner_from_zookeeper(cluster, runner, topic):
     owner = runner.ctx.owner_of(topic)
-    assert owner == zk_owner(cluster, topic)
+    assert owner == owner_node(cluster, topic)
     nem = runner.start_fault("zk-isolate")
     v = nem.applied
     try:
