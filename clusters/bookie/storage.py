@@ -274,7 +274,6 @@ class LedgerStorage:
         e = self.cached(ledger, entry)
         if e is not None:
             return e
-        CACHE_MISSES.inc()
         # join a disk read (with read-ahead) already covering this entry
         for lo, hi, fut in self._inflight.get(ledger, ()):
             if lo <= entry < hi:
@@ -289,6 +288,7 @@ class LedgerStorage:
         return await self._read_from_disk(ledger, entry)
 
     async def _read_from_disk(self, ledger: int, entry: int) -> Entry | None:
+        CACHE_MISSES.inc()
         loop = asyncio.get_running_loop()
         hi = entry + READ_AHEAD
         fut = loop.run_in_executor(self._read_exec, self._read_disk, ledger, entry, READ_AHEAD)

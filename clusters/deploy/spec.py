@@ -23,6 +23,10 @@ MAX_PER_ROLE = {"zookeeper": 5, "bookie": 39, "broker": 39, "client": 9}
 # with no subscription every closed ledger, so a test's final read from earliest would see "lost"
 # messages that were merely trimmed. A chaos test must read everything back, as a Jepsen test of real
 # Pulsar configures defaultRetentionTimeInMinutes=-1. Retention tests set namespace policies instead.
+# Node settings the backend decides itself (addresses, ports, paths, the spec's own fields): not
+# overridable through bookie_config / broker_config.
+DEPLOY_OWNED = frozenset({"name", "role", "host", "zk", "data_dir", "bugs", "port", "http_port",
+                          "ensemble", "write_quorum", "ack_quorum"})
 DEPLOY_BROKER_DEFAULTS: dict[str, Any] = {"default_retention_minutes": -1, "default_retention_size_mb": -1}
 
 
@@ -94,7 +98,7 @@ class ClusterSpec:
         from clusters import config as node_config
         for role, extra, cls in (("bookie", self.bookie_config, node_config.BookieConfig),
                                  ("broker", self.broker_config, node_config.BrokerConfig)):
-            known = {f.name for f in fields(cls)} - {"name", "role", "host", "zk", "data_dir", "bugs"}
+            known = {f.name for f in fields(cls)} - DEPLOY_OWNED
             bad = sorted(set(extra) - known)
             if bad:
                 raise SpecError(f"unknown {role} setting(s) {bad}", f"use one of: {', '.join(sorted(known))}")

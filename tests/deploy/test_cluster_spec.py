@@ -30,6 +30,9 @@ def test_defaults_are_valid():
     (dict(subnet="10.0.0.0/16"), "private /24"),
     (dict(subnet="8.8.8.0/24"), "private /24"),
     (dict(bookies=MAX_PER_ROLE["bookie"] + 1), "too many"),
+    (dict(broker_config={"max_entires_per_ledger": 5}), "unknown broker setting"),
+    (dict(broker_config={"ensemble": 2}), "unknown broker setting"),      # the spec's own field
+    (dict(bookie_config={"port": 1}), "unknown bookie setting"),          # the backend's port
 ])
 def test_invalid_specs_say_why_and_how(kw, words):
     with pytest.raises(SpecError) as ex:
