@@ -59,23 +59,39 @@ class _Metric:
 
 
 class _Valued(_Metric):
-    """One number per label set (counters and settable gauges)."""
+    """One number per label set (counters and gauges). Either kept here (`inc`, `set`) or, with
+    `fn`, computed at scrape time from state the code keeps anyway: a number, or
+    {label values: number}. A callback costs nothing on the hot path."""
 
-    def __init__(self, name: str, help: str, labels: Iterable[str] = ()):
+    def __init__(self, name: str, help: str, labels: Iterable[str] = (),
+                 fn: Callable[[], float | dict[tuple, float]] | None = None):
         super().__init__(name, help, labels)
         self._values: dict[tuple[str, ...], float] = {}
+        self.fn = fn
 
     def inc(self, amount: float = 1.0, *labels: Any) -> None:
         k = self._key(labels)
         with self._lock:
             self._values[k] = self._values.get(k, 0.0) + amount
 
+    def _items(self) -> list[tuple[tuple[str, ...], float]]:
+        if self.fn is None:
+            with self._lock:
+                return sorted(self._values.items()) or ([((), 0.0)] if not self.label_names else [])
+        got = self.fn()
+        if isinstance(got, dict):
+            return sorted((self._key(tuple(k) if isinstance(k, tuple) else (k,)), float(v))
+                          for k, v in got.items())
+        return [((), float(got))]
+
     def value(self, *labels: Any) -> float:
-        return self._values.get(self._key(labels), 0.0)
+        return dict(self._items()).get(self._key(labels), 0.0)
 
     def samples(self) -> list[str]:
-        with self._lock:
-            items = sorted(self._values.items()) or ([((), 0.0)] if not self.label_names else [])
+        try:
+            items = self._items()
+        except Exception:
+            return []
         return [f"{self.name}{_labels(self.label_names, k)} {_num(v)}" for k, v in items]
 
 
@@ -86,30 +102,10 @@ class Counter(_Valued):
 class Gauge(_Valued):
     kind = "gauge"
 
-    def __init__(self, name: str, help: str, labels: Iterable[str] = (),
-                 fn: Callable[[], float | dict[tuple, float]] | None = None):
-        """`fn`, when given, is called at scrape time: a number, or {label values: number}."""
-        super().__init__(name, help, labels)
-        self.fn = fn
-
     def set(self, value: float, *labels: Any) -> None:
         k = self._key(labels)
         with self._lock:
             self._values[k] = float(value)
-
-    def samples(self) -> list[str]:
-        if self.fn is None:
-            return super().samples()
-        try:
-            got = self.fn()
-        except Exception:
-            return []
-        if isinstance(got, dict):
-            items = sorted((self._key(tuple(k) if isinstance(k, tuple) else (k,)), float(v))
-                           for k, v in got.items())
-        else:
-            items = [((), float(got))]
-        return [f"{self.name}{_labels(self.label_names, k)} {_num(v)}" for k, v in items]
 
 
 class Histogram(_Metric):
@@ -162,14 +158,15 @@ class Registry:
             if old is not None:
                 if type(old) is not type(m) or old.label_names != m.label_names:
                     raise ValueError(f"metric {m.name} registered twice with different shapes")
-                if isinstance(m, Gauge) and m.fn is not None:
+                if isinstance(m, _Valued) and m.fn is not None:
                     old.fn = m.fn          # a re-created service rebinds its callback
                 return old
             self._metrics[m.name] = m
             return m
 
-    def counter(self, name: str, help: str, labels: Iterable[str] = ()) -> Counter:
-        return self._add(Counter(name, help, labels))
+    def counter(self, name: str, help: str, labels: Iterable[str] = (),
+                fn: Callable[[], Any] | None = None) -> Counter:
+        return self._add(Counter(name, help, labels, fn))
 
     def gauge(self, name: str, help: str, labels: Iterable[str] = (),
               fn: Callable[[], Any] | None = None) -> Gauge:

@@ -21,6 +21,11 @@ class BookieHttpServer(HttpServer):
         super().__init__(bookie.cfg.host, bookie.cfg.http_port)
         self.bookie = bookie
         b = bookie
+        # the bookie counts its requests in `stats` anyway; the series read them at scrape time
+        REGISTRY.counter("bookie_adds_total", "entries added (acknowledged or about to be)",
+                         fn=lambda: b.stats["adds"])
+        REGISTRY.counter("bookie_reads_total", "entry reads served", fn=lambda: b.stats["reads"])
+        REGISTRY.counter("bookie_fences_total", "ledgers fenced by recovery reads", fn=lambda: b.stats["fences"])
         REGISTRY.gauge("bookie_ledgers", "ledgers held by this bookie", fn=lambda: len(b.storage.ledgers))
         REGISTRY.gauge("bookie_journal_queue_records", "journal records waiting to be written",
                        fn=lambda: b.journal.queued)

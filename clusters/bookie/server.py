@@ -35,9 +35,6 @@ MAX_INFLIGHT_PER_CONN = 20000
 RESUME_INFLIGHT = 10000
 
 
-ADDS = REGISTRY.counter("bookie_adds_total", "entries added (acknowledged or about to be)")
-READS = REGISTRY.counter("bookie_reads_total", "entry reads served")
-FENCES = REGISTRY.counter("bookie_fences_total", "ledgers fenced by recovery reads")
 
 
 class _Conn(asyncio.Protocol):
@@ -332,7 +329,6 @@ class Bookie:
                                         entry))
         self.journal.log_add(ledger, entry, lac, length, crc, payload, done)
         self.stats["adds"] += 1
-        ADDS.inc()
         if self.storage.cache_full:
             self._ckpt_wake.set()
 
@@ -346,7 +342,6 @@ class Bookie:
         fut = self.loop.create_future()
         st.fence_fut = fut
         self.stats["fences"] += 1
-        FENCES.inc()
 
         def done(exc: BaseException | None) -> None:
             if st.fence_fut is fut:
@@ -389,7 +384,6 @@ class Bookie:
 
     def _read(self, conn: _Conn, flags: int, rid: int, ledger: int, entry: int) -> None:
         self.stats["reads"] += 1
-        READS.inc()
 
         def respond() -> None:
             st = self.storage.ledgers.get(ledger)

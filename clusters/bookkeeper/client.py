@@ -19,6 +19,7 @@ import asyncio
 import logging
 import random
 import time
+import weakref
 from collections import deque
 from typing import Any, Awaitable, Callable
 
@@ -43,8 +44,10 @@ ENSEMBLE_CHANGES = REGISTRY.counter("bookkeeper_client_ensemble_changes_total",
                                     "ensemble changes of ledgers written by this process")
 RECOVERIES = REGISTRY.counter("bookkeeper_client_ledger_recoveries_total",
                               "ledger recoveries (open with recovery) run by this process", ["fence"])
+_HANDLES: "weakref.WeakSet[LedgerHandle]" = weakref.WeakSet()     # open write handles, for the gauge
 PENDING_ADDS = REGISTRY.gauge("bookkeeper_client_pending_adds",
-                              "adds sent and not yet acknowledged by an ack quorum")
+                              "adds sent and not yet acknowledged by an ack quorum",
+                              fn=lambda: sum(len(h._pending) for h in list(_HANDLES)))
 
 ZK_RETRY_FOR = 15.0          # seconds of ZooKeeper connection trouble tolerated per operation
 ZK_OP_TIMEOUT = 10.0         # one ZooKeeper call (zkTimeout)
@@ -462,6 +465,7 @@ class LedgerHandle:
 
     def __init__(self, bk: BookKeeper, md: LedgerMetadata, *, recovery: bool = False,
                  start_lac: int = -1):
+        _HANDLES.add(self)
         self.bk = bk
         self.metadata = md
         self.ledger_id = md.ledger_id
@@ -515,7 +519,6 @@ class LedgerHandle:
         op = _PendingAdd(eid, data, self.length, crc32c.crc32c(data), fut,
                          self._write_sets[eid % self.E])
         self._pending.append(op)
-        PENDING_ADDS.inc()
         if not self._changing:
             self._send(op, op.ws)
         return fut
@@ -533,7 +536,6 @@ class LedgerHandle:
         op = _PendingAdd(eid, data, length, crc32c.crc32c(data), fut,
                          self._write_sets[eid % self.E])
         self._pending.append(op)
-        PENDING_ADDS.inc()
         if not self._changing:
             self._send(op, op.ws)
         return fut
@@ -636,7 +638,6 @@ class LedgerHandle:
             if not op.completed:
                 break
             p.popleft()
-            PENDING_ADDS.inc(-1)
             self.last_add_confirmed = op.entry_id
             self.confirmed_length = op.length
             if not op.fut.done():
@@ -657,7 +658,6 @@ class LedgerHandle:
         if sticky and self._error is None:
             self._error = err
         pending, self._pending = self._pending, deque()
-        PENDING_ADDS.inc(-len(pending))
         for op in pending:
             if not op.fut.done():
                 op.fut.set_exception(self._copy_error(err))
