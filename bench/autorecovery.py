@@ -22,18 +22,17 @@ import asyncio
 import json
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from clusters import zookeeper
 from clusters.autorecovery.check import check_all_copies, connect, replication_state
-from clusters.metrics import parse
+from clusters.bookkeeper.admin import fragments
+from clusters.metrics import scrape
 from tests.bookie.cluster import Bookies
 
 
 def metrics(proc) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{proc.cfg.http_port}/metrics", timeout=10) as r:
-        return parse(r.read().decode())
+    return scrape(f"http://127.0.0.1:{proc.cfg.http_port}")
 
 
 async def run(zk: str, cluster: Bookies, args) -> dict:
@@ -57,10 +56,8 @@ async def run(zk: str, cluster: Bookies, args) -> dict:
         mds = {lid: await bk.ledger_metadata(lid) for lid in lids}
         victim = max(procs, key=lambda p: sum(p.addr in md.bookies() for md in mds.values()))
         held = [md for md in mds.values() if victim.addr in md.bookies()]
-        to_copy = 0
-        for md in held:
-            idx = md.ensembles[0].index(victim.addr)
-            to_copy += sum(1 for e in range(md.last_entry_id + 1) if idx in (e % 3, (e + 1) % 3))
+        to_copy = sum(len(f.entries_of(f.ensemble.index(victim.addr), md.ensemble_size, md.write_quorum))
+                      for md in held for f in fragments(md) if victim.addr in f.ensemble)
         live_procs = [p for p in procs if p is not victim]
         before = sum(metrics(p).get("bookkeeper_autorecovery_entries_copied_total", 0)
                      for p in live_procs)

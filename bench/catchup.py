@@ -14,50 +14,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
-import urllib.request
 import uuid
 
 import pulsar
 
-from bench.pubsub import publish_throughput
+from bench.pubsub import publish_throughput, read_all
 from clusters.deploy.netns import ClusterSpec, NetnsCluster
-from clusters.metrics import parse
-
-
-def read_all(client, topic: str, n: int, *, reader: bool) -> dict:
-    if reader:
-        c = client.create_reader(topic, pulsar.MessageId.earliest, receiver_queue_size=5000)
-    else:
-        c = client.subscribe(topic, f"catchup-{uuid.uuid4().hex[:4]}", receiver_queue_size=5000,
-                             initial_position=pulsar.InitialPosition.Earliest)
-    got = 0
-    size = 0
-    t0 = time.perf_counter()
-    first = None
-    while got < n:
-        try:
-            msg = c.read_next(10000) if reader else c.receive(10000)
-        except pulsar.Timeout:
-            break
-        if first is None:
-            first = time.perf_counter() - t0
-        size += len(msg.data())
-        if not reader:
-            c.acknowledge(msg)
-        got += 1
-    dt = time.perf_counter() - t0
-    c.close()
-    return {"messages": got, "seconds": round(dt, 3), "msg_per_s": round(got / dt) if dt else 0,
-            "mb_per_s": round(size / dt / 1e6, 2) if dt else 0,
-            "first_message_s": round(first or 0.0, 3)}
+from clusters.metrics import scrape
 
 
 def bookie_cache(cluster: NetnsCluster) -> dict:
     hits = misses = 0.0
     for n in cluster.nodes("bookie"):
-        with urllib.request.urlopen(f"http://{n.host}:{n.ports['http']}/metrics", timeout=10) as r:
-            m = parse(r.read().decode())
+        m = scrape(f"http://{n.host}:{n.ports['http']}")
         hits += m.get("bookie_read_cache_hits_total", 0.0)
         misses += m.get("bookie_read_cache_misses_total", 0.0)
     return {"hits": int(hits), "misses": int(misses)}

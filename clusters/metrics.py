@@ -194,3 +194,10 @@ def parse(text: str) -> dict[str, float]:
         name, _, value = line.rpartition(" ")
         out[name] = float(value)
     return out
+
+
+def scrape(base_url: str, timeout: float = 10.0) -> dict[str, float]:
+    """GET `{base_url}/metrics` of a node and parse it (for tests, benchmarks and the harness)."""
+    import urllib.request
+    with urllib.request.urlopen(base_url.rstrip("/") + "/metrics", timeout=timeout) as r:
+        return parse(r.read().decode())

@@ -16,7 +16,6 @@ import math
 import time
 from typing import TYPE_CHECKING
 
-from clusters.bookkeeper.errors import BKNoSuchLedgerError
 
 from . import stats
 
@@ -87,12 +86,8 @@ class Auditor:
         marked: dict[int, set[str]] = {}
         newly = 0
         later = math.inf
-        ledgers = await bk.list_ledgers()
-        for lid in ledgers:
-            try:
-                md = await bk.ledger_metadata(lid)
-            except BKNoSuchLedgerError:
-                continue
+        ledgers = await bk.all_ledger_metadata()
+        for lid, md in ledgers.items():
             eligible = set()
             for b in md.bookies() - live:
                 since = self.missing_since.setdefault(b, self.started)

@@ -13,8 +13,7 @@ from typing import Any, AsyncIterator
 
 from clusters.bookkeeper.admin import BookKeeperAdmin
 from clusters.bookkeeper.client import BookKeeper
-from clusters.bookkeeper.errors import BKNoSuchLedgerError
-from clusters.bookkeeper.metadata import CLOSED, LedgerMetadata
+from clusters.bookkeeper.metadata import CLOSED
 from clusters.metadata.store import MetadataStore
 
 from .urmanager import UnderreplicationManager
@@ -34,21 +33,11 @@ async def connect(zk: str, name: str = "autorecovery-check"
         await store.close()
 
 
-async def all_metadata(bk: BookKeeper) -> dict[int, LedgerMetadata]:
-    out = {}
-    for lid in await bk.list_ledgers():
-        try:
-            out[lid] = await bk.ledger_metadata(lid)
-        except BKNoSuchLedgerError:
-            pass
-    return out
-
-
 async def replication_state(bk: BookKeeper, urm: UnderreplicationManager,
                             lost: set[str]) -> dict[str, Any]:
     """{"ledgers": n, "on_lost": [ledger ids with a fragment on a `lost` bookie],
     "marked": [under-replicated ledger ids], "open": [ids not closed]}."""
-    mds = await all_metadata(bk)
+    mds = await bk.all_ledger_metadata()
     return {"ledgers": len(mds),
             "on_lost": sorted(lid for lid, md in mds.items() if md.bookies() & lost),
             "marked": await urm.list(),
@@ -59,7 +48,7 @@ async def check_all_copies(bk: BookKeeper, live: set[str]) -> dict[str, Any]:
     """check_copies over every closed ledger: {"ledgers", "entries", "copies", "problems"}."""
     admin = BookKeeperAdmin(bk)
     total = {"ledgers": 0, "entries": 0, "copies": 0, "problems": []}
-    for md in (await all_metadata(bk)).values():
+    for md in (await bk.all_ledger_metadata()).values():
         if md.state != CLOSED:
             continue
         got = await admin.check_copies(md, live)

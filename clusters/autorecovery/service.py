@@ -7,8 +7,8 @@ bookie also loses its auditor and worker; its ephemeral vote and locks go with i
 
 Election: every candidate creates an ephemeral sequential znode
 /ledgers/underreplication/auditorelection/V_<seq> holding {"bookie": id}; the lowest sequence
-number is the auditor; every other candidate watches its predecessor and re-checks when it goes
-(and every few seconds anyway).  A candidate whose session is lost stops auditing at once and
+number is the auditor; every candidate watches the votes and re-checks when they change (and every
+few seconds anyway; with a few dozen bookies at most, the herd of one watch each costs nothing).  A candidate whose session is lost stops auditing at once and
 enters again with a new znode.
 """
 from __future__ import annotations
@@ -68,7 +68,7 @@ class AutoRecovery:
         self._main: asyncio.Task | None = None
         self._elect_wake = asyncio.Event()
         self._ready = asyncio.Event()
-        self._watched: set[str] = set()
+        self._watching = False              # the children watch on the election votes is set
         self._stopping = False
 
     @classmethod
@@ -227,34 +227,29 @@ class AutoRecovery:
             except asyncio.TimeoutError:
                 pass
 
+    async def _votes(self) -> list[str]:
+        return sorted((c for c in await self.bk._zk(self.store.children, ELECTION)
+                       if c.startswith(VOTE_PREFIX)), key=_seq)
+
     async def _elect_once(self) -> None:
         vote = await self._ensure_vote()
         mine = vote.rsplit("/", 1)[1]
-        votes = sorted((c for c in await self.bk._zk(self.store.children, ELECTION)
-                        if c.startswith(VOTE_PREFIX)), key=_seq)
+        if not self._watching:          # one watch on the votes: any change re-runs the election
+            self._watching = True
+            self.store.watch_children(ELECTION, lambda _children: self._elect_wake.set())
+        votes = await self._votes()
         if mine not in votes:
             self.vote = None
             self._elect_wake.set()
             return
-        i = votes.index(mine)
-        if i == 0:
+        if votes[0] == mine:
             self._start_auditor()
             return
         self._stop_auditor(f"{votes[0]} is ahead of {mine}")
-        pred = f"{ELECTION}/{votes[i - 1]}"
-        if pred not in self._watched:
-            self._watched.add(pred)
-
-            def gone(data: bytes | None, pred: str = pred) -> None:
-                if data is None:
-                    self._elect_wake.set()
-            self.store.watch_data(pred, gone)
 
     async def auditor_of(self) -> str | None:
         """The bookie id of the current auditor (the lowest vote), from ZooKeeper."""
-        votes = sorted((c for c in await self.bk._zk(self.store.children, ELECTION)
-                        if c.startswith(VOTE_PREFIX)), key=_seq)
-        for v in votes:
+        for v in await self._votes():
             try:
                 data, _ = await self.store.get(f"{ELECTION}/{v}")
                 return json.loads(data).get("bookie")

@@ -15,21 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import crc32c
-from kazoo.exceptions import KazooException
 
 from clusters.bookie import protocol as P
-from clusters.metadata.store import BadVersion, NoNode
 
 from . import quorum
-from .client import ZK_OP_TIMEOUT, ZK_RETRY_FOR, BookKeeper
+from .client import BookKeeper, _status_name
 from .errors import (BKDigestError, BKError, BKLedgerFencedError, BKMetadataVersionError,
-                     BKNoSuchEntryError, BKNoSuchLedgerError, BKReadError, BKTimeoutError)
-from .metadata import CLOSED, LedgerMetadata, ledger_path
+                     BKNoSuchEntryError, BKReadError, BKTimeoutError)
+from .metadata import CLOSED, LedgerMetadata
 
 log = logging.getLogger(__name__)
 
@@ -71,15 +68,17 @@ def fragments(md: LedgerMetadata) -> list[Fragment]:
     entry (a fragment that starts after it is empty: last < first)."""
     out = []
     for key in md.keys():
-        first, last = md.fragment_range(key)
-        if last is not None and md.state == CLOSED:
-            last = min(last, md.last_entry_id)
+        first, last = _fragment_range(md, key)
         out.append(Fragment(key, first, last, tuple(md.ensembles[key])))
     return out
 
 
-def _status_name(st: int) -> str:
-    return P.STATUS.get(st, str(st))
+def _fragment_range(md: LedgerMetadata, key: int) -> tuple[int, int | None]:
+    """(first, last) entry of the fragment starting at `key`; a closed ledger's end at its last entry."""
+    first, last = md.fragment_range(key)
+    if last is not None and md.state == CLOSED:
+        last = min(last, md.last_entry_id)
+    return first, last
 
 
 class BookKeeperAdmin:
@@ -195,43 +194,38 @@ class BookKeeperAdmin:
         else:
             ledger_id = ledger
             md = await bk._read_metadata(ledger_id)
-        path = ledger_path(ledger_id)
-        deadline = time.monotonic() + ZK_RETRY_FOR
-        for _ in range(MAX_CAS_ATTEMPTS):
-            ens = md.ensembles.get(key)
+        attempts = 0
+
+        def still_old(m: LedgerMetadata) -> bool:
+            nonlocal attempts
+            attempts += 1
+            if attempts > MAX_CAS_ATTEMPTS:
+                raise BKMetadataVersionError(f"ledger {ledger_id}: gave up replacing {old} in fragment "
+                                             f"{key} after {MAX_CAS_ATTEMPTS} version conflicts")
+            ens = m.ensembles.get(key)
             if ens is None:
                 raise BKMetadataVersionError(f"ledger {ledger_id}: fragment {key} is gone")
             if index >= len(ens) or ens[index] != old:
-                return md, False
+                return False
             if expected is not None:
-                got = md.fragment_range(key)
-                if md.state == CLOSED and got[1] is not None:
-                    got = (got[0], min(got[1], md.last_entry_id))
+                got = _fragment_range(m, key)
                 if got != tuple(expected):
                     raise BKMetadataVersionError(
                         f"ledger {ledger_id}: fragment {key} now covers {got}, not {expected}")
             if new in ens:
                 raise BKError(f"ledger {ledger_id}: {new} is already in fragment {key}'s ensemble")
-            nmd = md.copy()
+            return True
+
+        def swapped(m: LedgerMetadata) -> LedgerMetadata:
+            nmd = m.copy()
             nmd.ensembles[key][index] = new
-            try:
-                nmd.version = await asyncio.wait_for(
-                    bk.store.set(path, nmd.serialize(), md.version), ZK_OP_TIMEOUT)
-                return nmd, True
-            except BadVersion:
-                self.metadata_conflicts += 1
-                log.info("ledger %d: metadata changed under the replacement of %s in fragment %d "
-                         "(version %d); re-reading", ledger_id, old, key, md.version)
-                md = await bk._read_metadata(ledger_id)
-            except NoNode:
-                raise BKNoSuchLedgerError(f"ledger {ledger_id} was deleted") from None
-            except (KazooException, asyncio.TimeoutError) as e:
-                if time.monotonic() >= deadline:
-                    raise BKError(f"ledger {ledger_id}: metadata update failed: {e!r}") from e
-                await asyncio.sleep(0.1)
-                md = await bk._read_metadata(ledger_id)   # outcome unknown: re-read, re-check
-        raise BKMetadataVersionError(f"ledger {ledger_id}: gave up replacing {old} in fragment "
-                                     f"{key} after {MAX_CAS_ATTEMPTS} version conflicts")
+            return nmd
+
+        def conflict(m: LedgerMetadata) -> None:
+            self.metadata_conflicts += 1
+            log.info("ledger %d: metadata changed under the replacement of %s in fragment %d "
+                     "(version %d); re-reading", ledger_id, old, key, m.version)
+        return await bk._update_metadata(md, still_old, swapped, conflict)
 
     # -- checks ---------------------------------------------------------------------------
     async def check_copies(self, md: LedgerMetadata, live: set[str] | None = None,

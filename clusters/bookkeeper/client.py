@@ -111,10 +111,12 @@ class BookKeeper:
 
     async def _update_metadata(self, md: LedgerMetadata,
                                predicate: Callable[[LedgerMetadata], bool],
-                               transform: Callable[[LedgerMetadata], LedgerMetadata]
+                               transform: Callable[[LedgerMetadata], LedgerMetadata],
+                               on_conflict: Callable[[LedgerMetadata], None] | None = None
                                ) -> tuple[LedgerMetadata, bool]:
         """MetadataUpdateLoop: while predicate(md): CAS transform(md); re-read on BadVersion.
-        Returns (metadata now, whether we wrote it).  The predicate may raise to abort."""
+        Returns (metadata now, whether we wrote it).  The predicate may raise to abort;
+        on_conflict(md) is told of each version conflict (with the metadata that lost)."""
         path = ledger_path(md.ledger_id)
         deadline = time.monotonic() + ZK_RETRY_FOR
         while True:
@@ -126,6 +128,8 @@ class BookKeeper:
                     self.store.set(path, new.serialize(), md.version), ZK_OP_TIMEOUT)
                 return new, True
             except BadVersion:
+                if on_conflict is not None:
+                    on_conflict(md)
                 md = await self._read_metadata(md.ledger_id)
             except NoNode:
                 raise BKNoSuchLedgerError(f"ledger {md.ledger_id} was deleted") from None
@@ -214,6 +218,16 @@ class BookKeeper:
                     if lid is not None:
                         out.append(lid)
         return sorted(out)
+
+    async def all_ledger_metadata(self) -> dict[int, LedgerMetadata]:
+        """The metadata of every ledger (those deleted while listing are left out)."""
+        out = {}
+        for lid in await self.list_ledgers():
+            try:
+                out[lid] = await self._read_metadata(lid)
+            except BKNoSuchLedgerError:
+                pass
+        return out
 
     async def open_ledger(self, ledger_id: int, recovery: bool = True,
                           fence: bool = True) -> "ReadHandle":

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import urllib.request
 
 import pytest
 
@@ -18,7 +17,7 @@ from clusters.autorecovery import ReplicationWorker, lock_path, stats, ur_path
 from clusters.bookkeeper.admin import BookKeeperAdmin, fragments
 from clusters.bookkeeper.errors import BKLedgerClosedError, BKLedgerFencedError
 from clusters.bookkeeper.metadata import CLOSED, OPEN, LedgerMetadata, ledger_path
-from clusters.metrics import parse
+from clusters.metrics import scrape
 
 from .conftest import MANUAL, autorecovery, client, gone_from_zk, payload, run, wait_until
 
@@ -247,8 +246,7 @@ def test_open_ledger_waits_the_grace_period_then_fences_the_writer(bookies, zk):
 
 
 def _metrics(proc) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{proc.cfg.http_port}/metrics", timeout=5) as r:
-        return parse(r.read().decode())
+    return scrape(f"http://127.0.0.1:{proc.cfg.http_port}", timeout=5)
 
 
 def test_three_bookies_no_spare_then_a_fourth(bookies, zk):

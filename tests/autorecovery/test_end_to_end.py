@@ -20,7 +20,7 @@ import pulsar
 import pytest
 
 from clusters.autorecovery.check import check_all_copies, connect, replication_state
-from clusters.metrics import parse
+from clusters.metrics import scrape
 from tests.netns import netns_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -51,8 +51,7 @@ def http_json(url: str):
 
 
 def metrics(node) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://{node.host}:{node.ports['http']}/metrics", timeout=10) as r:
-        return parse(r.read().decode())
+    return scrape(f"http://{node.host}:{node.ports['http']}")
 
 
 def test_lost_bookie_every_ledger_back_to_two_live_copies(ar_cluster):

@@ -3,7 +3,6 @@ access modes, ledger rollover, and the bookies' metrics moving with the traffic.
 from __future__ import annotations
 
 import time
-import urllib.request
 
 import pulsar
 import pytest
@@ -70,9 +69,8 @@ def test_bookie_metrics_count_the_adds_of_a_topic(client, topic, cluster):
     def scrape() -> dict[str, float]:
         total: dict[str, float] = {}
         for n in cluster.nodes("bookie"):
-            with urllib.request.urlopen(f"http://{n.host}:{n.ports['http']}/metrics", timeout=10) as r:
-                for k, v in metrics.parse(r.read().decode()).items():
-                    total[k] = total.get(k, 0.0) + v
+            for k, v in metrics.scrape(f"http://{n.host}:{n.ports['http']}").items():
+                total[k] = total.get(k, 0.0) + v
         return total
     before = scrape()
     p = client.create_producer(topic, batching_enabled=False)

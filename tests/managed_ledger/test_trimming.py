@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import urllib.request
 
 import crc32c
 import pytest
@@ -15,6 +14,7 @@ from clusters.bookie import protocol as BP
 from clusters.bookie.storage import LedgerStorage
 from clusters.bookkeeper.errors import BKNoSuchLedgerError
 from clusters.broker.managed_ledger import ManagedLedger, Position
+from clusters.metrics import scrape
 from clusters.protocol import PulsarApi_pb2 as pb
 from clusters.protocol import frames
 from tests.managed_ledger.conftest import broker_cfg, ml_name, run, session
@@ -236,9 +236,8 @@ def test_rollover_by_age_with_a_timer(shared_bookies, shared_zk):
 
 
 def metric(port: int, name: str) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return sum(float(line.split()[-1]) for line in text.splitlines()
-               if line.startswith(name + " ") or line.startswith(name + "{"))
+    got = scrape(f"http://127.0.0.1:{port}", timeout=5)
+    return sum(v for k, v in got.items() if k == name or k.startswith(name + "{"))
 
 
 def test_reads_go_to_one_bookie_of_the_write_set_and_fail_over(bookies, zk):
