@@ -33,6 +33,7 @@ import time
 from typing import Any
 
 from clusters.broker.managed_ledger import Position
+from clusters.metadata.store import NodeExists, NoNode
 from clusters.protocol import frames
 
 log = logging.getLogger(__name__)
@@ -66,22 +67,17 @@ class ZkSnapshots:
         data = encode_snapshot(pos, producers)
         try:
             await self.store.set(self.path, data)
-        except Exception as e:
-            if type(e).__name__ != "NoNodeError":
-                raise
+        except NoNode:
             try:
                 await self.store.create(self.path, data, makepath=True)
-            except Exception as e2:
-                if type(e2).__name__ != "NodeExistsError":
-                    raise
+            except NodeExists:
                 await self.store.set(self.path, data)
 
     async def delete(self) -> None:
         try:
             await self.store.delete(self.path)
-        except Exception as e:
-            if type(e).__name__ != "NoNodeError":
-                raise
+        except NoNode:
+            pass
 
 
 class MemorySnapshots:
@@ -170,14 +166,14 @@ class MessageDeduplication:
             if should_enable and self.status != ENABLED:
                 await self._enable()
             elif not should_enable and (self.status in (ENABLED, FAILED)
-                                        or DEDUP_CURSOR in getattr(self.ml, "cursors", {})):
+                                        or DEDUP_CURSOR in self.ml.cursors):
                 await self._disable()
 
     async def _enable(self) -> None:
         self.status = RECOVERING
         self._live = {}
         try:
-            cursor = getattr(self.ml, "cursors", {}).get(DEDUP_CURSOR)
+            cursor = self.ml.cursors.get(DEDUP_CURSOR)
             if cursor is None:
                 # as Pulsar, a new dedup cursor starts at the end: earlier entries were written
                 # without deduplication and are not replayed

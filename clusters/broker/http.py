@@ -62,10 +62,15 @@ import re
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from clusters.broker.dedup import DEDUP_CURSOR
-from clusters.broker.managed_ledger import Position
+from clusters.broker import partitions as parts
+from clusters.broker.managed_ledger import (ML_ROOT, Position, _pos_from, _ranges_from, is_system_cursor,
+                                            ml_name, ml_path)
+from clusters.broker.ownership import BROKERS_PATH, NAMESPACE_ROOT
+from clusters.broker.policies import (POLICIES_ROOT, NamespacePolicies, PolicyError, decode_json_object,
+                                      policies_path)
 from clusters.httpd import (HttpError, HttpServer, Request, Response, error, http_get, http_request,  # noqa: F401
                             parse_request_head)
+from clusters.metadata.store import NodeExists
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +78,6 @@ HOP_TIMEOUT = 8.0                    # asking the broker a lookup was redirected
 FORWARD_TIMEOUT = 30.0               # a request forwarded to a topic's or bundle's owner
 ZK_READ_TIMEOUT = 3.0
 MAX_REDIRECTS = 2
-BROKERS_PATH = "/loadbalance/brokers"
-ML_ROOT = "/managed-ledgers"
-NAMESPACE_ROOT = "/namespace"
-POLICIES_ROOT = "/admin/policies"
-FULL_RANGE = 1 << 32
 
 _NAME_RE = re.compile(r"^[-=:.\w]+$")
 _BUNDLE_RE = re.compile(r"^0x([0-9a-fA-F]{8})_0x([0-9a-fA-F]{8})$")
@@ -202,7 +202,7 @@ class AdminHttpServer(HttpServer):
         out = []
         for key in await _zk(self.service.store.children(BROKERS_PATH)):
             got = await _zk(self.service.store.get_or_none(f"{BROKERS_PATH}/{key}"))
-            data = _json_or_empty(got[0] if got else b"")
+            data = decode_json_object(got[0] if got else b"")
             web_url = data.get("web_url") if isinstance(data.get("web_url"), str) else \
                 f"http://{key.rsplit(':', 1)[0]}:{self.cfg.http_port}"
             out.append({"id": key, "web": web_url.split("://", 1)[-1], "web_url": web_url,
@@ -231,7 +231,6 @@ class AdminHttpServer(HttpServer):
             _allow(req, "the topic list", "GET")
             return Response(200, await self._namespace_topics(namespace))
         if len(rest) == 3 and rest[2] == "partitioned" and req.method in ("GET", "HEAD"):
-            from clusters.broker import partitions as parts
             return Response(200, list(await _zk(parts.partitioned_topics(self.service.store, namespace))))
         if not rest[2]:
             raise HttpError(400, "empty topic name")
@@ -265,11 +264,9 @@ class AdminHttpServer(HttpServer):
         return Response(204, b"")
 
     async def _namespace_topics(self, namespace: str) -> list[str]:
-        from clusters.broker import partitions as parts
         return await _zk(parts.topics_of_namespace(self.service.store, namespace))
 
     async def _require_topic(self, topic: str) -> None:
-        from clusters.broker import partitions as parts
         if topic in self.service.topics:
             return
         if await _zk(parts.topic_exists(self.service.store, topic)):
@@ -281,7 +278,6 @@ class AdminHttpServer(HttpServer):
         raise HttpError(404, f"Topic {topic} not found")
 
     async def _create_topic(self, req: Request, topic: str) -> Response:
-        from clusters.broker import partitions as parts
         if await _zk(parts.topic_exists(self.service.store, topic)):
             raise HttpError(409, f"This topic already exists: {topic}")
         if await _zk(parts.get_partitions(self.service.store, topic)):
@@ -296,7 +292,6 @@ class AdminHttpServer(HttpServer):
         return Response(204, b"")
 
     async def _partitions(self, req: Request, method: str, topic: str) -> Response:
-        from clusters.broker import partitions as parts
         store = self.service.store
         try:
             if method == "GET":
@@ -314,7 +309,6 @@ class AdminHttpServer(HttpServer):
         return Response(204, b"")
 
     async def _topic_dedup(self, req: Request, method: str, topic: str) -> Response:
-        from clusters.broker import partitions as parts
         if not await _zk(parts.topic_exists(self.service.store, topic)) and \
                 not await _zk(parts.get_partitions(self.service.store, topic)):
             raise HttpError(404, f"Topic {topic} not found")
@@ -330,7 +324,6 @@ class AdminHttpServer(HttpServer):
         return Response(204, b"")
 
     async def _partitioned_stats(self, req: Request, topic: str) -> Response:
-        from clusters.broker import partitions as parts
         n = await _zk(parts.get_partitions(self.service.store, topic))
         if not n:
             raise HttpError(404, f"Partitioned topic {topic} not found")
@@ -457,30 +450,29 @@ class AdminHttpServer(HttpServer):
 
     async def _tenant_namespaces(self, tenant: str) -> list[str]:
         names: set[str] = set()
-        for root in (POLICIES_ROOT, ML_ROOT, NAMESPACE_ROOT, "/admin/partitioned-topics"):
+        for root in (POLICIES_ROOT, ML_ROOT, NAMESPACE_ROOT, parts.PARTITIONED_ROOT):
             names.update(await _zk(self.service.store.children(f"{root}/{tenant}")))
         return sorted(f"{tenant}/{n}" for n in names)
 
     async def _create_namespace(self, namespace: str) -> Response:
-        path = f"{POLICIES_ROOT}/{namespace}"
+        path = policies_path(namespace)
         try:
             await asyncio.wait_for(self.service.store.create(path, b"{}", makepath=True), ZK_READ_TIMEOUT)
         except asyncio.TimeoutError:
             raise HttpError(503, "ZooKeeper is not reachable now") from None
+        except NodeExists:
+            raise HttpError(409, f"Namespace already exists: {namespace}") from None
         except Exception as e:
-            if type(e).__name__ == "NodeExistsError":
-                raise HttpError(409, f"Namespace already exists: {namespace}") from None
             raise HttpError(503, f"ZooKeeper is not reachable now: {type(e).__name__}: {e}") from None
         return Response(204, b"")
 
     async def _stored_policies(self, namespace: str) -> dict[str, Any]:
         """The namespace's policies as stored now (read from ZooKeeper, not this broker's cache, so
         a change made through another broker reads back at once)."""
-        got = await _zk(self.service.store.get_or_none(f"{POLICIES_ROOT}/{namespace}"))
-        return _json_or_empty(got[0] if got else b"")
+        got = await _zk(self.service.store.get_or_none(policies_path(namespace)))
+        return decode_json_object(got[0] if got else b"")
 
     async def _effective_policies(self, namespace: str) -> dict[str, Any]:
-        from clusters.broker.policies import NamespacePolicies, PolicyError
         cache = self.service.policies
         try:
             pol = NamespacePolicies.from_json(await self._stored_policies(namespace), cache.base)
@@ -491,14 +483,13 @@ class AdminHttpServer(HttpServer):
         return out
 
     async def _ns_policy(self, req: Request, method: str, namespace: str, what: str) -> Response:
-        from clusters.broker.policies import PolicyError
         key = {"retention": "retention_policies", "messageTTL": "message_ttl_in_seconds",
                "deduplication": "deduplicationEnabled", "persistence": "persistence"}[what]
         if method == "GET":
             return Response(200, (await self._stored_policies(namespace)).get(key))
         value = None
         if method == "POST":
-            value = _validate_policy(what, req.json())
+            value = _policy_body(what, req.json())
         try:
             await _zk(self.service.policies.update(namespace, {key: value}))
         except PolicyError as e:
@@ -507,10 +498,7 @@ class AdminHttpServer(HttpServer):
 
     # -- bundles -------------------------------------------------------------------------
     def _bundle_list(self, namespace: str) -> list[Any]:
-        from clusters.broker.ownership import Bundle
-        n = max(1, int(self.cfg.bundles))
-        width = FULL_RANGE // n
-        return [Bundle(namespace, i * width, FULL_RANGE if i == n - 1 else (i + 1) * width) for i in range(n)]
+        return self.service.ownership.bundles(namespace)
 
     def _bundles_json(self, namespace: str) -> dict[str, Any]:
         bundles = self._bundle_list(namespace)
@@ -536,10 +524,9 @@ class AdminHttpServer(HttpServer):
 
     async def _bundle_info(self, namespace: str, bundle: Any) -> dict[str, Any]:
         got = await _zk(self.service.store.get_or_none(bundle.path))
-        data = _json_or_empty(got[0] if got else b"")
-        from clusters.broker.ownership import bundle_of
+        data = decode_json_object(got[0] if got else b"")
         topics = [t for t in await self._namespace_topics(namespace)
-                  if bundle_of(t, int(self.cfg.bundles)) == bundle]
+                  if self.service.ownership.bundle(t) == bundle]
         return {"bundle": str(bundle), "range": bundle.range_name, "owner": data.get("broker"),
                 "brokerUrl": data.get("service_url"), "httpUrl": data.get("web_url"),
                 "brokerName": data.get("name"), "topics": topics}
@@ -621,50 +608,50 @@ class AdminHttpServer(HttpServer):
     async def topic_stats(self, topic: str) -> dict[str, Any]:
         """Pulsar's TopicStats for a topic this broker serves (loading it if needed)."""
         t = await self._loaded(topic)
-        svc = self.service
-        rate = getattr(svc, "rate", lambda *k: (0.0, 0.0))
+        rate = self.service.rate
         r_in, r_out = rate("in", t.name), rate("out", t.name)
         publishers = []
         for p in list(t.producers.values()):
             pr = rate("producer", t.name, p.name, p.producer_id)
             publishers.append({
                 "producerId": p.producer_id, "producerName": p.name,
-                "accessMode": getattr(p, "access_mode_name", "Shared"),
+                "accessMode": p.access_mode_name,
                 "msgRateIn": pr[0], "msgThroughputIn": pr[1],
                 "averageMsgSize": p.bytes_in / p.msgs_in if p.msgs_in else 0.0,
                 "msgInCounter": p.msgs_in, "bytesInCounter": p.bytes_in,
-                "duplicates": getattr(p, "duplicates", 0), "topicEpoch": getattr(p, "topic_epoch", None),
-                "address": getattr(p.cnx, "remote", ""), "clientVersion": getattr(p.cnx, "client_version", ""),
-                "connectedSince": getattr(p, "connected_since", ""),
+                "duplicates": p.duplicates, "topicEpoch": p.topic_epoch,
+                "address": p.cnx.remote, "clientVersion": p.cnx.client_version,
+                "connectedSince": p.connected_since,
             })
         subs: dict[str, Any] = {}
         msgs_out = bytes_out = 0
         for name, sub in list(t.subscriptions.items()):
-            st = _subscription_stats(svc, t, name, sub, rate)
+            st = _subscription_stats(t, name, sub, rate)
             subs[name] = st
             msgs_out += st["msgOutCounter"]
             bytes_out += st["bytesOutCounter"]
-        for name, cur in list(getattr(t.ml, "cursors", {}).items()):
-            if name in subs or name == DEDUP_CURSOR or getattr(cur, "deleted", False):
+        for name, cur in list(t.ml.cursors.items()):
+            if name in subs or is_system_cursor(name) or cur.deleted:
                 continue
-            subs[name] = {"msgRateOut": 0.0, "msgThroughputOut": 0.0, "msgBacklog": _backlog_after(
-                t.ml, getattr(cur, "mark_delete_position", None)), "type": "None", "unackedMessages": 0,
-                "msgRateRedeliver": 0.0, "isDurable": True, "consumers": [], "msgOutCounter": 0,
-                "bytesOutCounter": 0, "markDeletePosition": _pos(getattr(cur, "mark_delete_position", None))}
-        dedup = getattr(t, "dedup", None)
+            md = cur.mark_delete_position
+            subs[name] = {"msgRateOut": 0.0, "msgThroughputOut": 0.0,
+                          "msgBacklog": t.ml.count_entries(md, t.ml.last_confirmed), "type": "None",
+                          "unackedMessages": 0, "msgRateRedeliver": 0.0, "isDurable": True, "consumers": [],
+                          "msgOutCounter": 0, "bytesOutCounter": 0, "markDeletePosition": _pos(md)}
+        dedup = t.dedup
         return {
             "msgRateIn": r_in[0], "msgThroughputIn": r_in[1], "msgRateOut": r_out[0], "msgThroughputOut": r_out[1],
             "msgInCounter": t.msgs_in, "bytesInCounter": t.bytes_in,
             "msgOutCounter": msgs_out, "bytesOutCounter": bytes_out,
             "averageMsgSize": t.bytes_in / t.msgs_in if t.msgs_in else 0.0,
-            "storageSize": _storage_size(t.ml),
+            "storageSize": t.ml.total_size(),
             "backlogSize": sum(s["msgBacklog"] for s in subs.values()),
             "publishers": publishers,
-            "waitingPublishers": len(getattr(t, "_waiting_exclusive", ())),
+            "waitingPublishers": len(t._waiting_exclusive),
             "subscriptions": subs,
             "deduplicationStatus": dedup.status if dedup is not None else "Disabled",
             "deduplication": dedup.stats() if dedup is not None else None,
-            "topicEpoch": getattr(t, "topic_epoch", None),
+            "topicEpoch": t.topic_epoch,
             "ownerBroker": self.cfg.web_url.split("://", 1)[-1],
             "broker": self.cfg.name,
         }
@@ -673,41 +660,37 @@ class AdminHttpServer(HttpServer):
     async def internal_stats(self, topic: str) -> dict[str, Any]:
         """Pulsar's PersistentTopicInternalStats: this broker's in-memory view when it serves the
         topic, else ZooKeeper's; each ledger with its BookKeeper metadata (ensembles, state)."""
-        rest = topic.split("://", 1)[1]
-        tenant, namespace, local = rest.split("/", 2)
-        ml_name = f"{tenant}/{namespace}/persistent/{local}"
         loaded = self.service.topics.get(topic)
-        ml = getattr(loaded, "ml", None)
-        if ml is None and self.service.ownership.owns(topic) and getattr(self.service, "bk", None) is not None:
+        ml = loaded.ml if loaded is not None else None
+        if ml is None and self.service.ownership.owns(topic) and self.service.bk is not None:
             loaded = await self._loaded(topic)
             ml = loaded.ml
         extra: dict[str, Any] = {}
         if ml is not None:
             ledgers = [_ledger_json(i.to_json()) for i in ml.ledgers]
             lc = ml.last_confirmed
-            cursors = {name: _cursor_json(c) for name, c in list(ml.cursors.items())
-                       if not getattr(c, "deleted", False)}
+            cursors = {name: _cursor_json(c) for name, c in list(ml.cursors.items()) if not c.deleted}
             state = {"open": "LedgerOpened", "rolling": "CreatingLedger", "failed": "WriteFailed",
-                     "fenced": "Fenced", "closed": "Closed"}.get(getattr(ml, "state", ""), "unknown")
+                     "fenced": "Fenced", "closed": "Closed"}.get(ml.state, "unknown")
             source = "memory"
             current = ledgers[-1] if ledgers else None
-            extra = {"pendingAddEntriesCount": len(getattr(loaded, "_adds", ())),
+            extra = {"pendingAddEntriesCount": len(loaded._adds),
                      "currentLedgerEntries": (lc.entry_id + 1 if lc is not None and current is not None
                                               and lc.ledger_id == current["ledgerId"] else 0),
                      "lastLedgerCreatedTimestamp": current["timestamp"] if current else 0}
         else:
-            path = f"{ML_ROOT}/{ml_name}"
+            path = ml_path(ml_name(topic))
             store = self.service.store
             got = await _zk(store.get_or_none(path))
             if got is None:
                 raise HttpError(404, f"topic {topic} has no managed ledger")
-            raw = _json_or_empty(got[0])
+            raw = decode_json_object(got[0])
             ledgers = [_ledger_json(i) for i in raw.get("ledgers", []) if isinstance(i, dict)]
             cursors = {}
             for name in await _zk(store.children(path)):
                 c = await _zk(store.get_or_none(f"{path}/{name}"))
                 if c is not None:
-                    cursors[name] = _cursor_znode_json(_json_or_empty(c[0]))
+                    cursors[name] = _cursor_znode_json(decode_json_object(c[0]))
             lc = None
             state = "not loaded on this broker"
             source = "zookeeper"
@@ -722,7 +705,7 @@ class AdminHttpServer(HttpServer):
         }
 
     async def _add_ledger_metadata(self, ledgers: list[dict[str, Any]]) -> None:
-        bk = getattr(self.service, "bk", None)
+        bk = self.service.bk
         for info in ledgers:
             md = None
             if bk is not None:
@@ -737,57 +720,42 @@ class AdminHttpServer(HttpServer):
 
 # ----------------------------------------------------------------------------- helpers
 
-def _json_or_empty(data: bytes) -> dict[str, Any]:
-    try:
-        raw = json.loads(data or b"{}")
-    except ValueError:
-        return {}
-    return raw if isinstance(raw, dict) else {}
+_POLICY_FIELDS = {     # what -> (fields, required, accepted but not stored), for the object-valued ones
+    "retention": (("retentionTimeInMinutes", "retentionSizeInMB"), (), ()),
+    "persistence": (("bookkeeperEnsemble", "bookkeeperWriteQuorum", "bookkeeperAckQuorum"),
+                    ("bookkeeperEnsemble", "bookkeeperWriteQuorum", "bookkeeperAckQuorum"),
+                    ("managedLedgerMaxMarkDeleteRate",)),
+}
 
 
-def _validate_policy(what: str, value: Any) -> Any:
-    """Check a namespace policy body's shape (400 naming the problem); returns the stored value."""
-    def integer(v: Any, name: str, minimum: int) -> int:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise HttpError(400, f"{name} must be an integer, got {json.dumps(v)[:40]}")
-        if v < minimum:
-            raise HttpError(400, f"{name} must be >= {minimum}, got {v}")
-        return v
-
-    def obj(v: Any, fields: tuple[str, ...], required: tuple[str, ...], ignored: tuple[str, ...] = ()) -> dict:
-        if not isinstance(v, dict):
-            raise HttpError(400, f"{what} must be a JSON object with {', '.join(fields)}, got {json.dumps(v)[:40]}")
-        unknown = sorted(set(v) - set(fields) - set(ignored))
-        if unknown:
-            raise HttpError(400, f"unknown field {unknown[0]!r} in {what}; expected {', '.join(fields)}")
-        missing = [f for f in required if f not in v]
-        if missing:
-            raise HttpError(400, f"{what} needs {', '.join(missing)}")
-        return v
-
-    if what == "messageTTL":
-        return integer(value, "messageTTL (seconds)", 0)
-    if what == "deduplication":
-        if not isinstance(value, bool):
-            raise HttpError(400, f"deduplication must be true or false, got {json.dumps(value)[:40]}")
+def _policy_body(what: str, value: Any) -> Any:
+    """The stored form of a namespace policy POST body, after the shape checks (400 naming the
+    problem) that NamespacePolicies.from_json does not make: no null (to from_json, null means
+    unset: DELETE removes a policy), and for an object, no unknown field and every required one.
+    A retention field left out is 0. The values themselves are from_json's to judge (through
+    PolicyCache.update)."""
+    if value is None:
+        raise HttpError(400, f"{what} must not be null; DELETE removes it")
+    if what not in _POLICY_FIELDS:
         return value
-    if what == "retention":
-        v = obj(value, ("retentionTimeInMinutes", "retentionSizeInMB"), ())
-        return {k: integer(v.get(k, 0), k, -1) for k in ("retentionTimeInMinutes", "retentionSizeInMB")}
-    if what == "persistence":
-        fields = ("bookkeeperEnsemble", "bookkeeperWriteQuorum", "bookkeeperAckQuorum")
-        v = obj(value, fields, fields, ignored=("managedLedgerMaxMarkDeleteRate",))
-        out = {k: integer(v[k], k, 1) for k in fields}
-        e, w, a = (out[k] for k in fields)
-        if not e >= w >= a:
-            raise HttpError(400, f"persistence needs bookkeeperEnsemble >= bookkeeperWriteQuorum >= "
-                                 f"bookkeeperAckQuorum, got {e}/{w}/{a}")
-        return out
-    raise HttpError(404, f"no such policy {what}")
+    fields, required, ignored = _POLICY_FIELDS[what]
+    if not isinstance(value, dict):
+        raise HttpError(400, f"{what} must be a JSON object with {', '.join(fields)}, got {json.dumps(value)[:40]}")
+    unknown = sorted(set(value) - set(fields) - set(ignored))
+    if unknown:
+        raise HttpError(400, f"unknown field {unknown[0]!r} in {what}; expected {', '.join(fields)}")
+    missing = [f for f in required if f not in value]
+    if missing:
+        raise HttpError(400, f"{what} needs {', '.join(missing)}")
+    nulls = [f for f in fields if f in value and value[f] is None]
+    if nulls:
+        raise HttpError(400, f"{nulls[0]} in {what} must not be null")
+    return {f: value.get(f, 0) for f in fields}
 
 
-def _pos(p: Any) -> str:
-    return f"{p.ledger_id}:{p.entry_id}" if p is not None else "-1:-1"
+def _pos(p: Position | None) -> str:
+    """Pulsar's "ledger:entry" (Position.__str__); "-1:-1" for no position."""
+    return str(p) if p is not None else "-1:-1"
 
 
 def _ledger_json(i: dict[str, Any]) -> dict[str, Any]:
@@ -808,117 +776,69 @@ def _ranges_str(ranges: Any) -> str:
 
 
 def _cursor_json(c: Any) -> dict[str, Any]:
-    fn = getattr(c, "individually_deleted_ranges", None)
     try:
-        ranges = list(fn()) if fn is not None else []
-    except Exception:  # noqa: BLE001
+        ranges = c.individually_deleted_ranges()
+    except Exception:  # noqa: BLE001 - the subscription's ranges; internal stats go on without them
         ranges = []
-    md = getattr(c, "mark_delete_position", None)
+    md = c.mark_delete_position
     return {"markDeletePosition": _pos(md),
             "readPosition": _pos(Position(md.ledger_id, md.entry_id + 1)) if md is not None else "-1:-1",
             "individuallyDeletedMessages": _ranges_str(ranges),
             "totalNonContiguousDeletedMessagesRange": len(ranges),
-            "cursorLedger": getattr(c, "cursor_ledger_id", -1),
-            "state": str(getattr(c, "_state", "open")).capitalize()}
+            "cursorLedger": c.cursor_ledger_id,
+            "state": c.state.capitalize()}
 
 
 def _cursor_znode_json(raw: dict[str, Any]) -> dict[str, Any]:
-    md = raw.get("mark_delete")
+    """A cursor znode (ManagedCursorInfo, as managed_ledger writes it) of a topic not loaded here."""
+    try:
+        md = _pos_from(raw.get("mark_delete"))
+    except (IndexError, TypeError, ValueError):
+        md = None
     ranges = []
     for r in raw.get("individual_deleted") or []:
         try:
-            ranges.append(f"({r[0]}:{r[1]}..{r[2]}:{r[3]}]")
-        except (IndexError, TypeError):
+            ranges.extend(_ranges_from([r]))
+        except (IndexError, TypeError, ValueError):
             continue
-    return {"markDeletePosition": f"{md[0]}:{md[1]}" if md else "-1:-1",
-            "individuallyDeletedMessages": "[" + ",".join(ranges) + "]",
+    return {"markDeletePosition": _pos(md), "individuallyDeletedMessages": _ranges_str(ranges),
             "cursorLedger": raw.get("cursors_ledger_id", -1)}
-
-
-def _storage_size(ml: Any) -> int:
-    fn = getattr(ml, "total_size", None)
-    if fn is not None:
-        try:
-            return int(fn())
-        except Exception:  # noqa: BLE001
-            pass
-    return sum(int(getattr(i, "size", 0) or 0) for i in getattr(ml, "ledgers", []) if not isinstance(i, tuple))
-
-
-def _count_entries(ml: Any, after: Any, upto: Any) -> int:
-    """Entries at positions p with after < p <= upto (after None: from the first)."""
-    if upto is None:
-        return 0
-    lc = ml.last_confirmed
-    n = 0
-    for info in getattr(ml, "ledgers", []):
-        lid = info.ledger_id
-        if lid > upto.ledger_id:
-            break
-        if after is not None and lid < after.ledger_id:
-            continue
-        count = info.entries
-        if count is None:
-            count = lc.entry_id + 1 if lc is not None and lc.ledger_id == lid else 0
-        first = after.entry_id + 1 if after is not None and lid == after.ledger_id else 0
-        last = count - 1
-        if lid == upto.ledger_id:
-            last = min(last, upto.entry_id)
-        if last >= first:
-            n += last - first + 1
-    return n
-
-
-def _backlog_after(ml: Any, mark_delete: Any) -> int:
-    try:
-        return _count_entries(ml, mark_delete, ml.last_confirmed)
-    except Exception:  # noqa: BLE001
-        return 0
 
 
 def subscription_backlog(t: Any, sub: Any) -> int:
     """Entries not acknowledged: the unread ones plus those delivered and not acknowledged (Pulsar's
     msgBacklog counts entries, not the messages of a batch)."""
     ml = t.ml
-    try:
-        rp = getattr(sub, "read_position", None)
-        if rp is None:
-            md = getattr(sub, "mark_delete", None)
-            unread = _count_entries(ml, md, ml.last_confirmed)
-        else:
-            unread = _count_entries(ml, Position(rp.ledger_id, rp.entry_id - 1), ml.last_confirmed)
-        return unread + len(getattr(sub, "outstanding", {}))
-    except Exception:  # noqa: BLE001
-        return 0
+    rp = sub.read_position
+    after = sub.mark_delete if rp is None else Position(rp.ledger_id, rp.entry_id - 1)
+    return ml.count_entries(after, ml.last_confirmed) + len(sub.outstanding)
 
 
-def _subscription_stats(svc: Any, t: Any, name: str, sub: Any, rate: Any) -> dict[str, Any]:
+def _subscription_stats(t: Any, name: str, sub: Any, rate: Any) -> dict[str, Any]:
     consumers = []
     sub_m = sub_b = 0
-    for c in list(getattr(sub, "consumers", [])):
+    for c in list(sub.consumers):
         cr = rate("consumer", t.name, name, c.name, c.consumer_id)
-        pending = getattr(c, "pending", {})
         consumers.append({
             "consumerName": c.name, "msgRateOut": cr[0], "msgThroughputOut": cr[1],
-            "availablePermits": max(getattr(c, "permits", 0), 0),
-            "unackedMessages": sum(pending.values()) if isinstance(pending, dict) else 0,
-            "msgOutCounter": getattr(c, "msgs_out", 0), "bytesOutCounter": getattr(c, "bytes_out", 0),
-            "redeliveredMessages": getattr(c, "redelivered", 0),
-            "address": getattr(c.cnx, "remote", ""), "clientVersion": getattr(c.cnx, "client_version", ""),
-            "connectedSince": getattr(c, "connected_since", ""),
+            "availablePermits": max(c.permits, 0),
+            "unackedMessages": sum(c.pending.values()),
+            "msgOutCounter": c.msgs_out, "bytesOutCounter": c.bytes_out,
+            "redeliveredMessages": c.redelivered,
+            "address": c.cnx.remote, "clientVersion": c.cnx.client_version,
+            "connectedSince": c.connected_since,
         })
-        sub_m += getattr(c, "msgs_out", 0)
-        sub_b += getattr(c, "bytes_out", 0)
+        sub_m += c.msgs_out
+        sub_b += c.bytes_out
     sr = rate("sub", t.name, name)
     from clusters.broker.topic import SUB_TYPE_NAMES
-    md = getattr(sub, "mark_delete", None)
     return {"msgRateOut": sr[0], "msgThroughputOut": sr[1],
             "msgBacklog": subscription_backlog(t, sub),
-            "type": SUB_TYPE_NAMES.get(getattr(sub, "sub_type", 0), "?"),
+            "type": SUB_TYPE_NAMES.get(sub.sub_type, "?"),
             "unackedMessages": sum(c["unackedMessages"] for c in consumers),
-            "msgRateRedeliver": 0.0, "isDurable": bool(getattr(sub, "durable", True)),
+            "msgRateRedeliver": 0.0, "isDurable": sub.durable,
             "consumers": consumers, "msgOutCounter": sub_m, "bytesOutCounter": sub_b,
-            "markDeletePosition": _pos(md)}
+            "markDeletePosition": _pos(sub.mark_delete)}
 
 
 async def serve_http(service: Any) -> AdminHttpServer:

@@ -35,6 +35,11 @@ MB = 1024 * 1024
 SYSTEM_CURSOR_PREFIX = "pulsar."   # cursors the broker keeps for itself (pulsar.dedup), not subscriptions
 
 
+def is_system_cursor(name: str) -> bool:
+    """A cursor the broker keeps for itself: no message TTL, not a subscription in the stats."""
+    return name.startswith(SYSTEM_CURSOR_PREFIX)
+
+
 @dataclass(frozen=True, order=True)
 class Position:
     ledger_id: int
@@ -62,8 +67,34 @@ def ml_name(topic: str) -> str:
     return f"{tenant}/{namespace}/{domain}/{local}"
 
 
-def _path(name: str) -> str:
+def ml_path(name: str) -> str:
+    """A managed ledger's znode (its ledger list; its cursors are the children)."""
     return f"{ML_ROOT}/{name}"
+
+
+async def _cas(store: MetadataStore, path: str, data: bytes, version: int, *, fenced: str, failed: str,
+               lost: tuple[type[Exception], ...] = (BadVersion,)) -> int:
+    """Compare-and-set `path` to `data` over `version`; returns the new version. `lost` (BadVersion:
+    another broker wrote it) raises ManagedLedgerFenced(`fenced`). Any other failure leaves the
+    outcome unknown (connection loss): if our write did land the znode is ours and its version
+    moved (keeping the old version would make our next CAS fail with BadVersion and fence us for
+    nothing), so read it back: our data -> its version; another version -> Fenced; else
+    ManagedLedgerError(`failed`)."""
+    try:
+        return await store.set(path, data, version)
+    except lost:
+        raise ManagedLedgerFenced(fenced) from None
+    except Exception as e:
+        got = None
+        try:
+            got = await store.get_or_none(path)
+        except Exception:  # noqa: BLE001
+            pass
+        if got is not None and got[0] == data:
+            return got[1]
+        if got is not None and got[1] != version:
+            raise ManagedLedgerFenced(fenced) from e
+        raise ManagedLedgerError(f"{failed}: {e}") from e
 
 
 def namespace_of(name: str) -> str:
@@ -200,13 +231,13 @@ class ManagedLedger:
         return c.default_retention_minutes, c.default_retention_size_mb, c.default_message_ttl_s
 
     async def _initialize(self) -> None:
-        got = await self.store.get_or_none(_path(self.name))
+        got = await self.store.get_or_none(ml_path(self.name))
         if got is None:
             try:
-                await self.store.create(_path(self.name), self._encode(), makepath=True)
+                await self.store.create(ml_path(self.name), self._encode(), makepath=True)
             except NodeExists:
                 pass
-            got = await self.store.get(_path(self.name))
+            got = await self.store.get(ml_path(self.name))
         data, self._version = got
         self.ledgers = self._decode(data)
         # Recover the previous owner's last ledger: fence it on the bookies and close it, so that
@@ -274,26 +305,9 @@ class ManagedLedger:
 
     async def _write_list(self, new_list: list[LedgerInfo]) -> None:
         """CAS the ledger list (hold _meta_lock). BadVersion: another broker changed it (Fenced)."""
-        encoded = self._encode(new_list)
-        try:
-            self._version = await self.store.set(_path(self.name), encoded, self._version)
-        except BadVersion:
-            raise ManagedLedgerFenced(f"{self.name}: ledger list changed by another broker") from None
-        except Exception as e:
-            # The outcome is unknown (connection loss): if our write did land, the list is ours and
-            # its version moved; keeping the old version would make our next CAS fail with BadVersion
-            # and fence us for nothing.
-            got = None
-            try:
-                got = await self.store.get(_path(self.name))
-            except Exception:
-                pass
-            if got is not None and got[0] == encoded:
-                self._version = got[1]
-                return
-            if got is not None and got[1] != self._version:
-                raise ManagedLedgerFenced(f"{self.name}: ledger list changed by another broker") from e
-            raise ManagedLedgerError(f"{self.name}: updating the ledger list: {e}") from e
+        self._version = await _cas(self.store, ml_path(self.name), self._encode(new_list), self._version,
+                                   fenced=f"{self.name}: ledger list changed by another broker",
+                                   failed=f"{self.name}: updating the ledger list")
 
     def _spawn(self, coro: Any) -> asyncio.Task:
         return asyncio.get_running_loop().create_task(coro)
@@ -561,8 +575,9 @@ class ManagedLedger:
                 prev = Position(info.ledger_id, n - 1)
         return prev if prev is not None else Position(pos.ledger_id, -1)
 
-    def positions_in(self, after: Position | None, upto: Position) -> Iterator[Position]:
-        """Every existing entry position p with after < p <= upto (after None: from the start)."""
+    def _spans(self, after: Position | None, upto: Position) -> Iterator[tuple[int, int, int]]:
+        """(ledger, first, last) entry ids of every ledger holding positions p with after < p <= upto
+        (after None: from the start); first > last when it holds none."""
         for info in self.ledgers:
             lid = info.ledger_id
             if lid > upto.ledger_id:
@@ -573,8 +588,20 @@ class ManagedLedger:
             last = self._entries_of(info) - 1
             if lid == upto.ledger_id:
                 last = min(last, upto.entry_id)
-            for e in range(max(first, 0), last + 1):
+            yield lid, max(first, 0), last
+
+    def positions_in(self, after: Position | None, upto: Position) -> Iterator[Position]:
+        """Every existing entry position p with after < p <= upto (after None: from the start)."""
+        for lid, first, last in self._spans(after, upto):
+            for e in range(first, last + 1):
                 yield Position(lid, e)
+
+    def count_entries(self, after: Position | None, upto: Position | None) -> int:
+        """How many positions `positions_in(after, upto)` has (0 when upto is None), without
+        walking them."""
+        if upto is None:
+            return 0
+        return sum(last - first + 1 for _, first, last in self._spans(after, upto) if last >= first)
 
     def entries_count(self) -> int:
         return sum(self._entries_of(i) for i in self.ledgers)
@@ -665,7 +692,7 @@ class ManagedLedger:
 
     # -- cursors ------------------------------------------------------------------
     async def _load_cursors(self, fence: bool = True) -> None:
-        for name in await self.store.children(_path(self.name)):
+        for name in await self.store.children(ml_path(self.name)):
             cur = await ManagedCursor.recover(self, name, fence=fence)
             if cur is not None:
                 self.cursors[name] = cur
@@ -888,7 +915,7 @@ class ManagedLedger:
         cutoff = time.time() * 1000 - ttl_s * 1000
         done: dict[str, Position] = {}
         for name, cur in list(self.cursors.items()):
-            if cur.deleted or name.startswith(SYSTEM_CURSOR_PREFIX):
+            if cur.deleted or is_system_cursor(name):
                 continue          # Pulsar expires subscriptions; system cursors (pulsar.dedup) keep their place
             pos = await self.find_newest_expired(cur.mark_delete_position, cutoff)
             if pos is not None and (cur.mark_delete_position is None or pos > cur.mark_delete_position):
@@ -984,11 +1011,16 @@ class ManagedCursor:
 
     @property
     def path(self) -> str:
-        return f"{_path(self.ml.name)}/{self.name}"
+        return f"{ml_path(self.ml.name)}/{self.name}"
 
     @property
     def deleted(self) -> bool:
         return self._state == "deleted"
+
+    @property
+    def state(self) -> str:
+        """open, closed, fenced or deleted."""
+        return self._state
 
     @property
     def _interval(self) -> float:
@@ -1205,27 +1237,9 @@ class ManagedCursor:
 
     async def _write_info(self, ledger_id: int, md: Position | None, ranges: list[Range]) -> None:
         """CAS the cursor znode (ManagedCursorInfo). BadVersion/NoNode: another broker owns it now."""
-        data = self._info(ledger_id, md, ranges)
-        store = self.ml.store
-        try:
-            self._version = await store.set(self.path, data, self._version)
-            return
-        except (BadVersion, NoNode):
-            raise ManagedLedgerFenced(f"cursor {self.name} of {self.ml.name} changed by another broker") \
-                from None
-        except Exception as e:
-            got = None               # outcome unknown: did our write land?
-            try:
-                got = await store.get_or_none(self.path)
-            except Exception:  # noqa: BLE001
-                pass
-            if got is not None and got[0] == data:
-                self._version = got[1]
-                return
-            if got is not None and got[1] != self._version:
-                raise ManagedLedgerFenced(
-                    f"cursor {self.name} of {self.ml.name} changed by another broker") from e
-            raise ManagedLedgerError(f"cursor {self.name}: updating its znode: {e}") from e
+        self._version = await _cas(self.ml.store, self.path, self._info(ledger_id, md, ranges), self._version,
+                                   fenced=f"cursor {self.name} of {self.ml.name} changed by another broker",
+                                   failed=f"cursor {self.name}: updating its znode", lost=(BadVersion, NoNode))
 
     # -- lifecycle ------------------------------------------------------------------
     async def create(self) -> bool:
@@ -1245,7 +1259,7 @@ class ManagedCursor:
     @classmethod
     async def recover(cls, ml: ManagedLedger, name: str, fence: bool = True) -> "ManagedCursor | None":
         """Load a cursor on a new owner (see the class docstring); None if its znode is gone."""
-        path = f"{_path(ml.name)}/{name}"
+        path = f"{ml_path(ml.name)}/{name}"
         got = await ml.store.get_or_none(path)
         if got is None:
             return None

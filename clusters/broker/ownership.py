@@ -58,15 +58,25 @@ def topic_namespace(topic: str) -> tuple[str, str]:
     return f"{parts[0]}/{parts[1]}", "/".join(parts[2:])
 
 
+def _nth_bundle(namespace: str, idx: int, bundles: int) -> Bundle:
+    """The idx-th of `bundles` equal hash ranges (the last one takes the remainder)."""
+    width = FULL_RANGE // bundles
+    lower = idx * width
+    upper = FULL_RANGE if idx == bundles - 1 else lower + width
+    return Bundle(namespace, lower, upper)
+
+
+def namespace_bundles(namespace: str, bundles: int) -> list[Bundle]:
+    """Every bundle of a namespace split into `bundles` ranges, in hash order."""
+    n = max(1, bundles)
+    return [_nth_bundle(namespace, i, n) for i in range(n)]
+
+
 def bundle_of(topic: str, bundles: int) -> Bundle:
     """Pulsar hashes the full topic name (CRC-32 by default) into the namespace's bundle ranges."""
     namespace, _ = topic_namespace(topic)
     h = zlib.crc32(topic.encode()) & 0xFFFFFFFF
-    width = FULL_RANGE // bundles
-    idx = min(h // width, bundles - 1)
-    lower = idx * width
-    upper = FULL_RANGE if idx == bundles - 1 else lower + width
-    return Bundle(namespace, lower, upper)
+    return _nth_bundle(namespace, min(h // (FULL_RANGE // bundles), bundles - 1), bundles)
 
 
 class Ownership:
@@ -135,6 +145,10 @@ class Ownership:
 
     def bundle(self, topic: str) -> Bundle:
         return bundle_of(topic, self.cfg.bundles)
+
+    def bundles(self, namespace: str) -> list[Bundle]:
+        """The namespace's bundles (`cfg.bundles` of them), in hash order."""
+        return namespace_bundles(namespace, int(self.cfg.bundles))
 
     def owns(self, topic: str) -> bool:
         return self.bundle(topic) in self.owned

@@ -12,17 +12,15 @@ persistent topics that have a managed ledger plus every partition of its partiti
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
+from clusters.broker.managed_ledger import ML_ROOT, ml_name, ml_path
+from clusters.broker.ownership import topic_namespace
 from clusters.metadata.store import BadVersion, NodeExists, NoNode
+from clusters.protocol.topics import base_name, partition_index, partition_name
 
 PARTITIONED_ROOT = "/admin/partitioned-topics"
-ML_ROOT = "/managed-ledgers"
-PARTITION_SUFFIX = "-partition-"
 MAX_PARTITIONS = 1024                  # Pulsar's maxNumPartitionsPerPartitionedTopic is 0 (no cap); ours
-
-_PARTITION_RE = re.compile(r"^(.*)-partition-(\d+)$")
 
 
 class PartitionError(ValueError):
@@ -33,36 +31,14 @@ class PartitionError(ValueError):
         self.status = status
 
 
-def _split(topic: str) -> tuple[str, str, str, str]:
-    """`persistent://t/ns/local` -> ('persistent', 't', 'ns', 'local')."""
-    domain, sep, rest = topic.partition("://")
-    if not sep:
-        domain, rest = "persistent", topic
-    parts = rest.split("/", 2)
-    if len(parts) != 3 or not all(parts):
-        raise ValueError(f"invalid topic name {topic!r}; expected persistent://tenant/namespace/topic")
-    return domain, parts[0], parts[1], parts[2]
+def _ml_name(topic: str) -> str:
+    """`persistent://t/ns/local` -> `t/ns/persistent/local` (ValueError for a malformed name)."""
+    topic_namespace(topic)
+    return ml_name(topic)
 
 
 def partitioned_path(topic: str) -> str:
-    domain, tenant, ns, local = _split(topic)
-    return f"{PARTITIONED_ROOT}/{tenant}/{ns}/{domain}/{local}"
-
-
-def partition_name(topic: str, index: int) -> str:
-    return f"{topic}{PARTITION_SUFFIX}{index}"
-
-
-def partition_index(topic: str) -> int | None:
-    """The partition number of `foo-partition-3` (3); None for a name that is not a partition."""
-    m = _PARTITION_RE.match(topic)
-    return int(m.group(2)) if m else None
-
-
-def base_name(topic: str) -> str:
-    """`foo-partition-3` -> `foo`; any other name is its own base."""
-    m = _PARTITION_RE.match(topic)
-    return m.group(1) if m else topic
+    return f"{PARTITIONED_ROOT}/{_ml_name(topic)}"
 
 
 def _decode(data: bytes) -> int:
@@ -98,8 +74,7 @@ async def create_partitioned(store: Any, topic: str, n: Any) -> int:
     if partition_index(topic) is not None:
         raise PartitionError(400, f"{topic} is a partition name; a partitioned topic cannot end in "
                                   f"'-partition-<n>'")
-    domain, tenant, ns, local = _split(topic)
-    if await store.exists(f"{ML_ROOT}/{tenant}/{ns}/{domain}/{local}"):
+    if await store.exists(ml_path(_ml_name(topic))):
         raise PartitionError(409, f"This topic already exists: {topic} is a non-partitioned topic")
     try:
         await store.create(partitioned_path(topic), json.dumps({"partitions": n}).encode(), makepath=True)
@@ -159,8 +134,7 @@ async def topics_of_namespace(store: Any, namespace: str) -> list[str]:
 
 async def topic_exists(store: Any, topic: str) -> bool:
     """A topic exists when it has a managed ledger, or is a partition of a partitioned topic."""
-    domain, tenant, ns, local = _split(topic)
-    if await store.exists(f"{ML_ROOT}/{tenant}/{ns}/{domain}/{local}"):
+    if await store.exists(ml_path(_ml_name(topic))):
         return True
     idx = partition_index(topic)
     if idx is not None:

@@ -12,16 +12,18 @@ Pulsar (`defaultRetentionTimeInMinutes`, `ttlDurationDefaultInSeconds`,
 `brokerDeduplicationEnabled`, `managedLedgerDefaultEnsembleSize`...). Retention -1 means infinite.
 
 `PolicyCache` is each broker's view: read on first use, refreshed by a ZooKeeper data watch, so
-a change made through any broker's admin API reaches the topics served by every broker.
+a change made through any broker's admin API reaches the topics served by every broker. The same
+class, given another znode path, caches the topic-level overrides (clusters/broker/service.py).
 """
 from __future__ import annotations
 
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from clusters.config import BrokerConfig
+from clusters.metadata.store import BadVersion, NodeExists
 
 log = logging.getLogger(__name__)
 
@@ -108,45 +110,51 @@ def _int(d: dict[str, Any], key: str, default: int, minimum: int) -> int:
 
 
 class PolicyCache:
-    """A broker's view of namespace policies: `await get(ns)`, `await update(ns, raw_json)`."""
+    """A broker's view of policy znodes: `await get(key)`, `await update(key, raw_json)`.
 
-    def __init__(self, store: Any, cfg: BrokerConfig):
+    `path(key)` names the znode of a key: by default a namespace's (`tenant/ns` ->
+    `/admin/policies/tenant/ns`); the broker keeps a second cache, keyed by topic, for the
+    topic-level overrides."""
+
+    def __init__(self, store: Any, cfg: BrokerConfig, path: Callable[[str], str] = policies_path):
         self.store = store
+        self.path = path
         self.base = NamespacePolicies.defaults(cfg)
-        self._raw: dict[str, dict[str, Any]] = {}       # namespace -> stored JSON ({} when none)
+        self._raw: dict[str, dict[str, Any]] = {}       # key -> stored JSON ({} when none)
         self._listeners: list[Any] = []
 
     def on_change(self, fn: Any) -> None:
-        """fn(namespace, NamespacePolicies) after a watched change (topics re-apply their policies)."""
+        """fn(key, NamespacePolicies) after a change (topics re-apply their policies)."""
         self._listeners.append(fn)
 
-    async def raw(self, namespace: str) -> dict[str, Any]:
-        if namespace not in self._raw:
-            got = await self.store.get_or_none(policies_path(namespace))
-            self._raw[namespace] = _decode(got[0] if got else b"")
-            self._watch(namespace)
-        return self._raw[namespace]
+    async def raw(self, key: str) -> dict[str, Any]:
+        """The stored JSON of `key` ({} when none), read once and then kept current by a watch."""
+        if key not in self._raw:
+            got = await self.store.get_or_none(self.path(key))
+            self._raw[key] = decode_json_object(got[0] if got else b"")
+            self._watch(key)
+        return self._raw[key]
 
-    async def get(self, namespace: str) -> NamespacePolicies:
+    async def get(self, key: str) -> NamespacePolicies:
         try:
-            return NamespacePolicies.from_json(await self.raw(namespace), self.base)
+            return NamespacePolicies.from_json(await self.raw(key), self.base)
         except PolicyError:
-            log.warning("bad policies for %s in ZooKeeper; using defaults", namespace)
+            log.warning("bad policies for %s in ZooKeeper; using defaults", key)
             return self.base
 
-    def cached(self, namespace: str) -> NamespacePolicies:
+    def cached(self, key: str) -> NamespacePolicies:
         """Without waiting: the last known policies (defaults before the first read)."""
         try:
-            return NamespacePolicies.from_json(self._raw.get(namespace, {}), self.base)
+            return NamespacePolicies.from_json(self._raw.get(key, {}), self.base)
         except PolicyError:
             return self.base
 
-    async def update(self, namespace: str, patch: dict[str, Any]) -> NamespacePolicies:
+    async def update(self, key: str, patch: dict[str, Any]) -> NamespacePolicies:
         """Merge `patch` (Pulsar-shaped keys; a key set to None removes it) into the stored policies."""
-        path = policies_path(namespace)
+        path = self.path(key)
         for _ in range(10):
             got = await self.store.get_or_none(path)
-            current = _decode(got[0] if got else b"")
+            current = decode_json_object(got[0] if got else b"")
             merged = {**current, **patch}
             merged = {k: v for k, v in merged.items() if v is not None}
             result = NamespacePolicies.from_json(merged, self.base)   # validate before writing
@@ -157,36 +165,35 @@ class PolicyCache:
                     await self.store.create(path, data)
                 else:
                     await self.store.set(path, data, version=got[1])
-            except Exception as e:         # lost a race (NodeExists / BadVersion): read again
-                if type(e).__name__ in ("NodeExistsError", "BadVersionError"):
-                    continue
-                raise
-            self._raw[namespace] = merged
-            self._fire(namespace)
+            except (NodeExists, BadVersion):     # lost a race: read again
+                continue
+            self._raw[key] = merged
+            self._fire(key)
             return result
         raise RuntimeError(f"could not update {path}: too many concurrent writers")
 
-    def _watch(self, namespace: str) -> None:
+    def _watch(self, key: str) -> None:
         def on_data(data: bytes | None) -> None:
-            new = _decode(data or b"")
-            if self._raw.get(namespace) != new:
-                self._raw[namespace] = new
-                self._fire(namespace)
+            new = decode_json_object(data or b"")
+            if self._raw.get(key) != new:
+                self._raw[key] = new
+                self._fire(key)
         try:
-            self.store.watch_data(policies_path(namespace), on_data)
+            self.store.watch_data(self.path(key), on_data)
         except Exception:
-            log.debug("no data watch on %s", policies_path(namespace), exc_info=True)
+            log.debug("no data watch on %s", self.path(key), exc_info=True)
 
-    def _fire(self, namespace: str) -> None:
-        pol = self.cached(namespace)
+    def _fire(self, key: str) -> None:
+        pol = self.cached(key)
         for fn in self._listeners:
             try:
-                fn(namespace, pol)
+                fn(key, pol)
             except Exception:
                 log.warning("policy listener failed", exc_info=True)
 
 
-def _decode(data: bytes) -> dict[str, Any]:
+def decode_json_object(data: bytes) -> dict[str, Any]:
+    """A znode's JSON object; {} when it is empty, not JSON or not an object."""
     if not data:
         return {}
     try:

@@ -18,13 +18,12 @@ Selectors work on any objects with `name` and `priority` attributes (the broker'
 from __future__ import annotations
 
 import bisect
-import re
 from typing import Any, Iterable, Sequence
 
 from clusters.broker.murmur3 import KEY_HASH_RANGE, pulsar_hash
+from clusters.protocol import topics
 
 CONSUMER_CONSISTENT_HASH_REPLICAS = 100
-_PARTITION_RE = re.compile(r"-partition-(\d+)$")
 
 
 class ConsumerAssignError(Exception):
@@ -135,9 +134,10 @@ class StickySelector:
 
 
 def partition_index(topic: str) -> int:
-    """The partition number of a `...-partition-N` topic, -1 for a non-partitioned topic."""
-    m = _PARTITION_RE.search(topic)
-    return int(m.group(1)) if m else -1
+    """The partition number of a `...-partition-N` topic, -1 for a non-partitioned topic (as
+    Pulsar's TopicName.getPartitionIndex)."""
+    index = topics.partition_index(topic)
+    return -1 if index is None else index
 
 
 def failover_order(consumers: Iterable[Any]) -> list[Any]:

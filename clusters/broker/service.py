@@ -6,7 +6,6 @@ lives in connection.py / topic.py and reaches storage only through `BrokerServic
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 from clusters import metrics
 from clusters.bookkeeper.client import BookKeeper
 from clusters.broker import partitions as parts
-from clusters.broker.dedup import DEDUP_CURSOR, MessageDeduplication, ZkSnapshots
+from clusters.broker.dedup import MessageDeduplication, ZkSnapshots
 from clusters.broker.http import serve_http
 from clusters.broker.policies import PolicyCache
 from clusters.broker.managed_ledger import (ManagedLedger, ManagedLedgerError, ManagedLedgerFenced,
@@ -32,9 +31,8 @@ RATE_INTERVAL_S = 5.0                           # how often rates (msg/s, bytes/
 
 
 def topic_policies_path(topic: str) -> str:
-    domain, rest = topic.split("://", 1)
-    tenant, ns, local = rest.split("/", 2)
-    return f"{TOPIC_POLICIES_ROOT}/{tenant}/{ns}/{domain}/{local}"
+    """`persistent://t/ns/x` -> `/admin/topic-policies/t/ns/persistent/x`."""
+    return f"{TOPIC_POLICIES_ROOT}/{ml_name(topic)}"
 
 
 class BrokerService:
@@ -44,6 +42,7 @@ class BrokerService:
         self.bk: Any = None
         self.ownership = Ownership(self.store, cfg, on_lost=self._bundle_lost)
         self.policies = PolicyCache(self.store, cfg)       # namespace policies (clusters/broker/policies.py)
+        self.topic_policies = PolicyCache(self.store, cfg, path=topic_policies_path)   # topic overrides
         self.topics: dict[str, Topic] = {}
         self._loading: dict[str, asyncio.Future] = {}
         self.connections: set[Any] = set()
@@ -53,9 +52,9 @@ class BrokerService:
         self.rates: dict[tuple, tuple[float, float]] = {}        # key -> (msg/s, bytes/s)
         self._rate_last: dict[tuple, tuple[float, float, float]] = {}
         self._rate_task: asyncio.Task | None = None
-        self._topic_policies: dict[str, dict[str, Any]] = {}     # topic -> its override znode
         self._unloading: set[Bundle] = set()
         self.policies.on_change(self._namespace_policies_changed)
+        self.topic_policies.on_change(self._topic_policies_changed)
 
     async def start(self) -> "BrokerService":
         from clusters.broker.connection import serve_connections
@@ -138,11 +137,11 @@ class BrokerService:
 
     async def _load_topic(self, topic: str) -> Topic:
         try:
-            namespace, _ = topic_namespace(topic)
+            topic_namespace(topic)                   # a malformed name is refused here
         except ValueError as e:
             raise ServiceUnitNotReady(str(e)) from e
         try:
-            await self.policies.get(namespace)       # read (and watch) the namespace's policies
+            # open reads (and watches) the namespace's policies before it creates a ledger
             ml = await ManagedLedger.open(ml_name(topic), self.store, self.bk, self.config,
                                           policies=self.policies)
         except ManagedLedgerFenced as e:
@@ -156,9 +155,7 @@ class BrokerService:
         try:
             # before any producer attaches: rebuild the sequence ids from the snapshot and the
             # entries after it (the state the previous owner had), or drop a stale dedup cursor
-            enabled = await self.deduplication_enabled(topic)
-            if enabled or DEDUP_CURSOR in ml.cursors:
-                await t.dedup.apply(enabled)
+            await t.dedup.apply(await self.deduplication_enabled(topic))
         except Exception as e:
             log.warning("%s: recovering deduplication state: %s", topic, e)
             try:
@@ -173,49 +170,12 @@ class BrokerService:
     # -- deduplication policy ------------------------------------------------------------
     async def topic_policy(self, topic: str) -> dict[str, Any]:
         """The topic-level policy overrides of `topic` (watched; {} when none)."""
-        got = self._topic_policies.get(topic)
-        if got is not None:
-            return got
-        path = topic_policies_path(topic)
-        data = await self.store.get_or_none(path)
-        raw = _decode_json(data[0] if data else b"")
-        self._topic_policies[topic] = raw
-
-        def on_data(new: bytes | None, topic: str = topic) -> None:
-            value = _decode_json(new or b"")
-            if self._topic_policies.get(topic) != value:
-                self._topic_policies[topic] = value
-                self._reapply_dedup(lambda name: name == topic or parts.base_name(name) == topic)
-        try:
-            self.store.watch_data(path, on_data)
-        except Exception:
-            log.debug("no watch on %s", path, exc_info=True)
-        return raw
+        return await self.topic_policies.raw(topic)
 
     async def set_topic_policy(self, topic: str, key: str, value: Any) -> dict[str, Any]:
         """Set (value None: remove) one topic-level override; returns the topic's overrides."""
-        path = topic_policies_path(topic)
-        for _ in range(10):
-            got = await self.store.get_or_none(path)
-            raw = _decode_json(got[0] if got else b"")
-            if value is None:
-                raw.pop(key, None)
-            else:
-                raw[key] = value
-            data = json.dumps(raw, sort_keys=True).encode()
-            try:
-                if got is None:
-                    await self.store.create(path, data, makepath=True)
-                else:
-                    await self.store.set(path, data, version=got[1])
-            except Exception as e:
-                if type(e).__name__ in ("NodeExistsError", "BadVersionError"):
-                    continue
-                raise
-            self._topic_policies[topic] = raw
-            self._reapply_dedup(lambda name: name == topic or parts.base_name(name) == topic)
-            return raw
-        raise RuntimeError(f"could not update {path}: too many concurrent writers")
+        await self.topic_policies.update(topic, {key: value})
+        return await self.topic_policies.raw(topic)
 
     async def deduplication_enabled(self, topic: str) -> bool:
         """The topic's override, else its partitioned topic's, else the namespace policy (whose own
@@ -228,7 +188,10 @@ class BrokerService:
         return (await self.policies.get(namespace)).deduplication
 
     def _namespace_policies_changed(self, namespace: str, _policies: Any) -> None:
-        self._reapply_dedup(lambda name: name.split("://", 1)[-1].startswith(namespace + "/"))
+        self._reapply_dedup(lambda name: topic_namespace(name)[0] == namespace)
+
+    def _topic_policies_changed(self, topic: str, _policies: Any) -> None:
+        self._reapply_dedup(lambda name: name == topic or parts.base_name(name) == topic)
 
     def _reapply_dedup(self, which: Any) -> None:
         for name, t in list(self.topics.items()):
@@ -335,17 +298,8 @@ class BrokerService:
             await self._unload_topic(name)
 
 
-def _decode_json(data: bytes) -> dict[str, Any]:
-    try:
-        raw = json.loads(data) if data else {}
-    except ValueError:
-        return {}
-    return raw if isinstance(raw, dict) else {}
-
-
 def _label(topic: str) -> tuple[str, str]:
-    rest = topic.split("://", 1)[-1]
-    return rest.rsplit("/", 1)[0], topic
+    return topic_namespace(topic)[0], topic
 
 
 def register_metrics(svc: "BrokerService") -> None:
@@ -390,7 +344,7 @@ def register_metrics(svc: "BrokerService") -> None:
     R.gauge("pulsar_msg_backlog", "Entries not yet acknowledged, over every subscription", labels,
             fn=per_topic(backlog))
     R.gauge("pulsar_storage_size", "Bytes in the topic's ledgers", labels,
-            fn=per_topic(lambda t: t.ml.total_size() if hasattr(t.ml, "total_size") else 0))
+            fn=per_topic(lambda t: t.ml.total_size()))
     R.gauge("pulsar_broker_dedup_duplicates_total", "Sends answered as duplicates (deduplication)", labels,
             fn=per_topic(lambda t: t.dedup.duplicates if t.dedup is not None else 0))
 

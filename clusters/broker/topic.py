@@ -13,6 +13,7 @@ import functools
 import heapq
 import itertools
 import logging
+import operator
 import time
 from typing import Any, Iterable
 
@@ -104,13 +105,23 @@ def not_served(topic: str, why: str = "") -> ServiceUnitNotReady:
 
 class EntryInfo:
     """What dispatch needs to know about an entry, parsed once from its metadata."""
-    __slots__ = ("num_messages", "key", "publish_time", "is_batch")
+    __slots__ = ("num_messages", "key", "publish_time", "is_batch", "_key_hash")
 
     def __init__(self, num_messages: int, key: bytes | None, publish_time: int, is_batch: bool):
         self.num_messages = num_messages
         self.key = key
         self.publish_time = publish_time
         self.is_batch = is_batch
+        self._key_hash: int | None = None
+
+    @property
+    def key_hash(self) -> int:
+        """Key_Shared's sticky key hash (Murmur3 of the key, else of NONE_KEY), computed on first use:
+        the info is shared through the tail cache by every subscription and every round."""
+        h = self._key_hash
+        if h is None:
+            h = self._key_hash = sticky_key_hash(self.key if self.key is not None else NONE_KEY)
+        return h
 
     @classmethod
     def from_metadata(cls, md: pb.MessageMetadata) -> "EntryInfo":
@@ -235,11 +246,8 @@ class Consumer:
         self.permits -= n
         self.msgs_out += n
         self.bytes_out += len(entry)
-        if ack_set:
-            self.cnx.send_message(self.consumer_id, pos.ledger_id, pos.entry_id, redelivery_count, entry,
-                                  ack_set=ack_set)
-        else:
-            self.cnx.send_message(self.consumer_id, pos.ledger_id, pos.entry_id, redelivery_count, entry)
+        self.cnx.send_message(self.consumer_id, pos.ledger_id, pos.entry_id, redelivery_count, entry,
+                              ack_set=ack_set)
 
     def __repr__(self) -> str:
         return f"Consumer({self.name!r}, id={self.consumer_id}, sub={self.sub.name})"
@@ -269,6 +277,7 @@ MAX_ROUND_ROBIN_BATCH = 20            # Pulsar's dispatcherMaxRoundRobinBatchSiz
 KEY_SHARED_LOOKAHEAD_PER_CONSUMER = 2000       # keySharedLookAheadMsgInReplayThresholdPerConsumer
 KEY_SHARED_LOOKAHEAD_PER_SUBSCRIPTION = 20000  # keySharedLookAheadMsgInReplayThresholdPerSubscription
 _U64 = (1 << 64) - 1
+_POSITION_KEY = operator.attrgetter("ledger_id", "entry_id")    # sort key: position order, fast
 
 
 def unacked_in_batch(ack_set: list[int], n: int) -> int:
@@ -307,6 +316,7 @@ class Dispatcher:
     single_active = False     # Exclusive/Failover: Pulsar's PersistentDispatcherSingleActiveConsumer
     individual_ack = False    # Shared/Key_Shared: cumulative acks ignored, redeliveries counted
     looks_ahead = False       # may read the log while entries wait for redelivery (Key_Shared)
+    active: Consumer | None = None   # the consumer everything goes to (single-active dispatchers)
 
     def __init__(self, sub: "Subscription"):
         self.sub = sub
@@ -331,7 +341,9 @@ class Dispatcher:
     def lookahead_ok(self) -> bool:
         return False
 
-    def replay_ok(self, pos: Position) -> bool:
+    def replay_ok(self, pos: Position, memo: dict[int, bool] | None = None) -> bool:
+        """May the entry at `pos`, waiting for redelivery, go out now? `memo` carries answers
+        between calls of one round (nothing changes in between)."""
         return True
 
     def send(self, c: Consumer, pos: Position, entry: bytes, info: EntryInfo) -> None:
@@ -528,12 +540,19 @@ class KeySharedDispatcher(Dispatcher):
         """Reading the log while entries wait is safe only once every waiting entry's hash is known."""
         return self.replay_known >= len(self.sub.replay)
 
-    def replay_ok(self, pos: Position) -> bool:
+    def replay_ok(self, pos: Position, memo: dict[int, bool] | None = None) -> bool:
         h = self.hashes.get(pos)
         if h is None:
             return True
+        if memo is not None:
+            ok = memo.get(h)
+            if ok is not None:
+                return ok
         c = self.selector.select(h)
-        return c is not None and c.available and not self._draining(c, h)
+        ok = c is not None and c.available and not self._draining(c, h)
+        if memo is not None:
+            memo[h] = ok
+        return ok
 
     def dispatch(self, entries, replay) -> int:
         sub = self.sub
@@ -543,11 +562,11 @@ class KeySharedDispatcher(Dispatcher):
             if replay:
                 h = self.hashes.get(pos)
                 if h is None:
-                    h = self.hashes[pos] = sticky_key_hash(info.key if info.key is not None else NONE_KEY)
+                    h = self.hashes[pos] = info.key_hash
                     self.replay_hashes[h] += 1
                     self.replay_known += 1
             else:
-                h = sticky_key_hash(info.key if info.key is not None else NONE_KEY)
+                h = info.key_hash
             c = self.selector.select(h)
             ok = c is not None and c.available and not self._draining(c, h)
             if ok and not replay and not self.out_of_order and self.replay_hashes.get(h):
@@ -764,7 +783,7 @@ class Subscription:
         redelivery count raised; Exclusive/Failover rewind the active consumer (counts stay 0)."""
         d = self.dispatcher
         if d.single_active:
-            if c is getattr(d, "active", None):
+            if c is d.active:
                 self._to_replay(c, list(c.pending), bump=False)
             return
         self._to_replay(c, ids if ids else list(c.pending), bump=True)
@@ -828,9 +847,7 @@ class Subscription:
         (The connection refuses cumulative acks from Shared and Key_Shared consumers, as Pulsar's
         Consumer.messageAcked does; message expiry uses this on any subscription.)"""
         if ack_set is not None and any(ack_set):
-            prev = getattr(self.ml, "previous_position", None)
-            before = prev(pos) if prev is not None else Position(pos.ledger_id, pos.entry_id - 1)
-            self.ack_cumulative(before)
+            self.ack_cumulative(self.ml.previous_position(pos))
             self.ack_batch_index(pos, ack_set)
             return
         md = self.mark_delete
@@ -929,20 +946,14 @@ class Subscription:
         if rp is None:
             return []
         md = self.mark_delete
-        prev_of = getattr(self.ml, "previous_position", None)
         lo = md if md is not None else Position(-1, -1)
         out: list[tuple[Position, Position]] = []
-        holes = sorted(p for p in self.outstanding if md is None or p > md)
+        holes = sorted((p for p in self.outstanding if md is None or p > md), key=_POSITION_KEY)
         holes.append(rp)
         for hole in holes:
             if len(out) >= limit:
                 break
-            if hole.entry_id > 0:
-                hi = Position(hole.ledger_id, hole.entry_id - 1)
-            elif prev_of is not None:
-                hi = prev_of(hole)
-            else:
-                hi = Position(hole.ledger_id, -1)
+            hi = self.ml.previous_position(hole)
             if hi > lo:
                 out.append((lo, hi))
             if hole > lo:
@@ -961,11 +972,10 @@ class Subscription:
         self.mark_delete = md
         self.read_position = self.ml.next_position(md) if md is not None else None
         ranges = cursor.individually_deleted_ranges()
-        positions_in = getattr(self.ml, "positions_in", None)
-        if ranges and positions_in is not None:
+        if ranges:
             end = ranges[-1][1]
             k = 0
-            for p in positions_in(md, end):
+            for p in self.ml.positions_in(md, end):
                 while k < len(ranges) and ranges[k][1] < p:
                     k += 1
                 if k < len(ranges) and ranges[k][0] < p <= ranges[k][1]:
@@ -996,7 +1006,7 @@ class Subscription:
             d = self.dispatcher
             victims = list(self.consumers)
             if d.single_active:
-                victims = [c for c in victims if c is getattr(d, "active", None)]
+                victims = [c for c in victims if c is d.active]
             for c in victims:
                 c.cnx.broker_close_consumer(c)
                 self.remove_consumer(c, redeliver=False, keep=True)
@@ -1130,9 +1140,11 @@ class Subscription:
             heapq.heapify(heap)
         if d.looks_ahead:
             # Key_Shared: the lowest waiting entries that could go out now (their consumer has
-            # permits and the key is not draining elsewhere)
-            for p in sorted(self.replay):
-                if d.replay_ok(p):
+            # permits and the key is not draining elsewhere); sorted on (ledger, entry) tuples,
+            # which compare in C (Position's generated ordering runs in Python)
+            ok_by_hash: dict[int, bool] = {}
+            for p in sorted(self.replay, key=_POSITION_KEY):
+                if d.replay_ok(p, ok_by_hash):
                     positions.append(p)
                     if len(positions) >= max_entries:
                         break
@@ -1363,7 +1375,7 @@ class Topic:
         info = EntryInfo.from_metadata(metadata)
         op = _PendingAdd(producer, sequence_id, highest_sequence_id, entry, info)
         producer.cnx.add_pending_send(1)
-        if self._publish_fenced or (self._adds and getattr(self.ml, "state", None) == "failed"):
+        if self._publish_fenced or (self._adds and self.ml.state == "failed"):
             # (the second: the managed ledger failed adds we have not answered yet; a message
             # written now could land ahead of their resends)
             op.error = TopicFencedForPublish()
@@ -1566,7 +1578,7 @@ class Topic:
         others = [c for c in sub.consumers if c is not consumer]
         d = sub.dispatcher
         if not force and (others or consumer not in sub.consumers
-                          or (d.single_active and getattr(d, "active", None) is not consumer)):
+                          or (d.single_active and d.active is not consumer)):
             raise BrokerServiceError("Unconnected or shared consumer attempting to unsubscribe",
                                      pb.MetadataError)
         self._drop_subscription(sub)
@@ -1593,9 +1605,6 @@ class Topic:
 
     async def find_position_by_publish_time(self, publish_time_ms: int) -> Position | None:
         """The first entry published at or after the time; past the end when none is."""
-        finder = getattr(self.ml, "find_position_by_publish_time", None)
-        if finder is not None:
-            return await finder(publish_time_ms)
         pos = self.ml.first_position()
         lc = self.ml.last_confirmed
         while pos is not None and lc is not None and pos <= lc:

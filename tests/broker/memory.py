@@ -92,6 +92,36 @@ class MemoryManagedLedger:
     def next_position(self, pos: Position) -> Position:
         return Position(pos.ledger_id, pos.entry_id + 1)
 
+    def previous_position(self, pos: Position) -> Position:
+        """The last existing entry before `pos` ((ledger, -1) when there is none in the list)."""
+        if pos.entry_id > 0:
+            return Position(pos.ledger_id, pos.entry_id - 1)
+        prev = None
+        for lid, es in self.ledgers:
+            if lid >= pos.ledger_id:
+                break
+            if es:
+                prev = Position(lid, len(es) - 1)
+        return prev if prev is not None else Position(pos.ledger_id, -1)
+
+    def positions_in(self, after: Position | None, upto: Position):
+        """Every existing entry position p with after < p <= upto (after None: from the start)."""
+        for lid, es in self.ledgers:
+            if lid > upto.ledger_id:
+                return
+            if after is not None and lid < after.ledger_id:
+                continue
+            first = after.entry_id + 1 if after is not None and lid == after.ledger_id else 0
+            last = len(es) - 1
+            if lid == upto.ledger_id:
+                last = min(last, upto.entry_id)
+            for e in range(max(first, 0), last + 1):
+                yield Position(lid, e)
+
+    @property
+    def state(self) -> str:
+        return "fenced" if self.fenced else "closed" if self.closed else "open"
+
     async def add_entry(self, data: bytes) -> Position:
         if self.fenced:
             raise ManagedLedgerFenced(f"{self.name} fenced")
