@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         client = pulsar.Client(cluster.service_url, operation_timeout_seconds=60,
                                logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
         try:
-            results["reader"] = read_all(client, topic, n, reader=True)
-            results["subscription"] = read_all(client, topic, n, reader=False)
+            results["reader"] = read_all(client, topic, n, args.size, reader=True)
+            results["subscription"] = read_all(client, topic, n, args.size, reader=False)
         finally:
             client.close()
         after = bookie_cache(cluster)
