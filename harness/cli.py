@@ -315,12 +315,25 @@ def _strict_usage(p: argparse.ArgumentParser) -> None:
     p.parse_known_args = strict  # type: ignore[method-assign]
 
 
+def _workload_help() -> str:
+    from workloads import available, get
+    parts = []
+    for name in available():
+        mod = get(name)
+        opts = "; ".join(f"{k}={d!r}: {h}" for k, (d, h) in getattr(mod, "OPTIONS", {}).items())
+        parts.append(f"{name}: {mod.DESCRIPTION}" + (f" (options: {opts})" if opts else ""))
+    return "workload (default log). " + " | ".join(parts)
+
+
 def _run_args(p: argparse.ArgumentParser) -> None:
     # argparse errors of `run` are usage errors: exit 254 with one line, like a bad spec
     _strict_usage(p)
     p.add_argument("--spec", metavar="FILE", default=None,
                    help="a TOML test spec (e.g. a run's test.toml); flags given here override it")
-    p.add_argument("--workload", default=None, metavar="NAME", help="workload (default log)")
+    p.add_argument("--workload", default=None, metavar="NAME", help=_workload_help())
+    p.add_argument("--option", action="append", default=None, metavar="KEY=VALUE",
+                   help="a workload option (repeatable), e.g. --option subscription=key_shared; "
+                        "each workload's options are listed above")
     p.add_argument("--nemesis", default=None, metavar="LIST",
                    help="comma list of partition, kill, pause, zk-isolate, or none (default: all four)")
     p.add_argument("--nemesis-interval", type=float, default=None, metavar="S",
@@ -368,6 +381,9 @@ def _run(args: argparse.Namespace) -> int:
                 overrides["bugs"] = bugs.parse(args.bug)
             except bugs.UnknownBugKnob as e:
                 raise SpecError("--bug", str(e), "drop that --bug or use a known knob") from None
+        if args.option:
+            from harness.spec import parse_options
+            overrides["options"] = parse_options(args.option)
         spec = runner.spec_from_args(args.spec, overrides)
         runner.preflight(spec)           # root, iproute2, iptables, ZooKeeper: before any run folder
     except (SpecError, ClusterError) as e:

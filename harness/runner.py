@@ -8,6 +8,7 @@ far are merged, checked and reported; the verdict is then "unknown" and results.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import random
@@ -52,16 +53,16 @@ def spec_from_args(spec_path: str | Path | None, overrides: dict[str, Any]) -> T
         from_mapping(raw, source)           # the file alone must be valid: errors name the file
         raw = {k.replace("-", "_"): v for k, v in raw.items()}
     flags = {k: v for k, v in overrides.items() if v is not None}
-    if "bugs" in flags:
-        flags["bugs"] = {**(raw.get("bugs") or {}), **flags["bugs"]}
+    for table in ("bugs", "options"):
+        if table in flags:
+            flags[table] = {**(raw.get(table) or {}), **flags[table]}
     raw.update(flags)
     try:
         return from_mapping(raw, source if not flags else "")
     except SpecError as e:
         if e.field in flags:
             flag = "--" + e.field.replace("_", "-")
-            if flag == "--bugs":
-                flag = "--bug"
+            flag = {"--bugs": "--bug", "--options": "--option"}.get(flag, flag)
             raise SpecError(flag, e.problem, e.fix.replace(e.field, flag)) from None
         if source and not e.source:
             raise SpecError(e.field, e.problem, e.fix, source) from None
@@ -106,10 +107,10 @@ def _signame(e: BaseException) -> str:
 
 class Run:
     def __init__(self, spec: TestSpec, run_dir: Path, out: TextIO = sys.stdout):
-        from workloads import log as workload
+        import workloads
         self.spec, self.run_dir, self.out = spec, Path(run_dir), out
-        self.workload = workload
-        self.topics = workload.topic_names(spec.test_name, self.run_dir.name, spec.topics)
+        self.workload = workloads.get(spec.workload)
+        self.topics = self.workload.keys(spec, self.run_dir.name)
         self.step = "start"
         self.errors: list[str] = []
         self.timings: dict[str, float | None] = {k: None for k in (
@@ -192,6 +193,10 @@ class Run:
             "zk_connect": st["zk_connect"], "base_dir": st["base_dir"], "subnet": st["subnet"],
             "nodes": [{k: n.get(k) for k in ("name", "role", "host", "ports", "pid")} for n in st["nodes"]]})
         log.info("deployed cluster %s in %.1fs: %s", self.cluster_name, self.timings["deploy_s"], self.service_url)
+        if hasattr(self.workload, "prepare"):
+            from workloads.base import Context
+            cluster = json.loads((self.run_dir / store.CLUSTER_JSON).read_text())
+            self.workload.prepare(Context(run_dir=self.run_dir, spec=spec, cluster=cluster, keys=list(self.topics)))
 
     def _worker_argv(self, *extra: str) -> list[str]:
         return [sys.executable, "-m", "harness.worker", "--run-dir", str(self.run_dir.resolve()),
@@ -352,7 +357,7 @@ class Run:
         results: dict[str, CheckResult] = {}
         check_errors: list[str] = []
         if history is not None:
-            results = check_history(history, check_errors)
+            results = check_history(history, check_errors, self.spec)
         self.timings["check_s"] = round(time.monotonic() - t, 3)
         valid = store.verdict(list(results.values())) if not (self.errors or check_errors) else "unknown"
         code = store.exit_code_for(valid)
@@ -440,19 +445,21 @@ def _verdict_word(valid: Any) -> str:
     return "valid" if valid is True else "INVALID" if valid is False else "unknown"
 
 
-def check_history(history: list[Any], errors: list[str] | None = None) -> dict[str, CheckResult]:
-    """Every checker of the log workload over the history; a checker that raises gives "unknown"."""
-    from workloads import log as workload
+def check_history(history: list[Any], errors: list[str] | None = None,
+                  spec: TestSpec | None = None) -> dict[str, CheckResult]:
+    """Every checker of the spec's workload (log when unknown) over the history; a checker that raises
+    gives "unknown"."""
+    import workloads
     out: dict[str, CheckResult] = {}
     try:
-        checkers = workload.CHECKERS
+        checkers = workloads.get(spec.workload if spec else "log").checkers(spec)
     except Exception as e:
         if errors is not None:
             errors.append(f"check: {type(e).__name__}: {e}")
         return out
-    for name, fn in checkers.items():
+    for name, (fn, opts) in checkers.items():
         try:
-            out[name] = fn(history, None)
+            out[name] = fn(history, opts)
         except Exception as e:
             log.error("checker %s failed:\n%s", name, traceback.format_exc())
             out[name] = CheckResult("unknown", {}, {"error": f"{type(e).__name__}: {e}"})
@@ -518,9 +525,13 @@ def recheck(run_dir: Path | str, out: TextIO | None = sys.stdout) -> int:
             pass
         run_errors = ["the run did not finish: it left no results.json (was the runner killed?)"]
         run_info["errors"] = run_errors
+    try:
+        spec: TestSpec | None = store.load_spec(run_dir)
+    except Exception:
+        spec = None                        # an old or damaged test.toml: the log workload's checkers
     t = time.monotonic()
     check_errors: list[str] = []
-    results = check_history(history, check_errors)
+    results = check_history(history, check_errors, spec)
     run_info.setdefault("timings", {})["check_s"] = round(time.monotonic() - t, 3)
     valid = store.verdict(list(results.values())) if not (run_errors or check_errors) else "unknown"
     code = store.exit_code_for(valid)

@@ -14,7 +14,13 @@ from typing import Any
 from clusters import bugs as bug_knobs
 from clusters.deploy.spec import shape_problem
 
-WORKLOADS = ("log",)
+
+
+def _workload_names() -> tuple[str, ...]:
+    from workloads import available      # the workload registry is the one list of workload names
+    return available()
+
+
 DEFAULT_NEMESES = ("partition", "kill", "pause", "zk-isolate")
 
 
@@ -50,6 +56,7 @@ class TestSpec:
     write_quorum: int = 2
     ack_quorum: int = 2
     bugs: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)   # the workload's options (its OPTIONS)
     seed: int = 0                           # 0: pick one at random (recorded in test.toml)
     results_dir: str = "results"
     backend: str = "netns"
@@ -64,8 +71,9 @@ class TestSpec:
 
         if not self.test_name or any(c in self.test_name for c in "/\\ ") or self.test_name.startswith("."):
             raise err("test_name", f"{self.test_name!r} is not a folder name", "use letters, digits, - and _")
-        if self.workload not in WORKLOADS:
-            raise err("workload", f"unknown workload {self.workload!r}", f"use one of {', '.join(WORKLOADS)}")
+        workloads = _workload_names()
+        if self.workload not in workloads:
+            raise err("workload", f"unknown workload {self.workload!r}", f"use one of {', '.join(workloads)}")
         known = _nemesis_names()
         if not isinstance(self.nemesis, list):
             raise err("nemesis", f"must be a list of names, not {self.nemesis!r}",
@@ -98,7 +106,30 @@ class TestSpec:
         for k in self.bugs:
             if k not in bug_knobs.KNOBS:
                 raise err("bugs", f"unknown bug knob {k!r}", f"use one of {', '.join(sorted(bug_knobs.KNOBS))}")
+        self._validate_options(err)
         return self
+
+    def _validate_options(self, err: Any) -> None:
+        from workloads import get
+        known = getattr(get(self.workload), "OPTIONS", {})
+        if not isinstance(self.options, dict):
+            raise err("options", "must be a table of option = value", 'write e.g. [options] dedup = true')
+        for k, v in self.options.items():
+            if k not in known:
+                listed = ", ".join(sorted(known)) or "none"
+                raise err("options", f"the {self.workload} workload has no option {k!r}",
+                          f"use one of: {listed}")
+            default, help_ = known[k]
+            choices = getattr(get(self.workload), "CHOICES", {}).get(k)
+            if type(default) is float and type(v) is int:
+                v = self.options[k] = float(v)
+            if type(v) is not type(default):
+                kind = {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}
+                raise err("options", f"{k} must be {kind.get(type(default), type(default).__name__)}, not {v!r}",
+                          f"{k}: {help_}")
+            if choices and v not in choices:
+                raise err("options", f"{k} must be one of {', '.join(map(str, choices))}, not {v!r}",
+                          f"{k}: {help_}")
 
     def resolved(self) -> "TestSpec":
         """A copy with the seed fixed, so the saved test.toml re-runs the same schedule."""
@@ -109,16 +140,14 @@ class TestSpec:
 
     def to_toml(self) -> str:
         lines = ["# pulsar-chaos test spec; rerun with: pulsar-chaos run --spec test.toml", ""]
-        bugs = {}
+        tables = ("bugs", "options")
         for f in fields(self):
-            v = getattr(self, f.name)
-            if f.name == "bugs":
-                bugs = v
-                continue
-            lines.append(f"{f.name} = {_toml_value(v)}")
-        lines += ["", "[bugs]"]
-        for k, v in sorted(bugs.items()):
-            lines.append(f"{_toml_value(k)} = {_toml_value(v)}")
+            if f.name not in tables:
+                lines.append(f"{f.name} = {_toml_value(getattr(self, f.name))}")
+        for name in tables:
+            lines += ["", f"[{name}]"]
+            for k, v in sorted(getattr(self, name).items()):
+                lines.append(f"{_toml_value(k)} = {_toml_value(v)}")
         return "\n".join(lines) + "\n"
 
 
@@ -175,3 +204,17 @@ def parse_nemesis_list(s: str) -> list[str]:
     if s in ("", "none"):
         return []
     return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def parse_options(items: list[str]) -> dict[str, Any]:
+    """`--option KEY=VALUE` flags as a table; VALUE is read as TOML (true, 3, 0.5, "x"), else as a string."""
+    out: dict[str, Any] = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep or not k.strip():
+            raise SpecError("--option", f"{item!r} is not KEY=VALUE", "write e.g. --option subscription=key_shared")
+        try:
+            out[k.strip()] = tomllib.loads(f"v = {v.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[k.strip()] = v.strip()
+    return out

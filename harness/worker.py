@@ -38,17 +38,20 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from workloads import log as workload
+    import workloads
+    from workloads.base import Context
 
     run_dir: Path = args.run_dir
     spec = store.load_spec(run_dir)
+    workload = workloads.get(spec.workload)
     cluster = json.loads((run_dir / store.CLUSTER_JSON).read_text())
-    topics = workload.topic_names(spec.test_name, run_dir.name, spec.topics)
-    nodes_by_host = {n["host"]: n["name"] for n in cluster.get("nodes", [])}
     name = "final-reads" if args.final_reads else f"worker-{args.worker}"
     journal = Journal(store.journal_dir(run_dir) / f"{name}.jsonl", args.t0_ns)
-
-    stop = threading.Event()
+    deadline = (args.deadline_ns or (args.t0_ns + int(spec.time_limit * 1e9))) / 1e9
+    ctx = Context(run_dir=run_dir, spec=spec, cluster=cluster, keys=workload.keys(spec, run_dir.name),
+                  journal=journal, deadline=deadline, worker=args.worker,
+                  workers=args.workers or workload.worker_count(spec), name=name, out=sys.stdout)
+    stop = ctx.stop
     caught: list[int] = []
 
     def on_signal(signum: int, frame: object) -> None:
@@ -67,29 +70,15 @@ def main(argv: list[str] | None = None) -> int:
 
     threading.Thread(target=watch_parent, daemon=True).start()
 
-    print(f"{time.strftime('%H:%M:%S')} {name}: pid {os.getpid()}, {cluster['service_url']}", flush=True)
-    session = workload.Session(cluster["service_url"], f"{run_dir.name[-6:]}-{name}", nodes_by_host, sys.stdout,
-                               producer_lifetime=0.0 if args.final_reads else spec.client_lifetime)
+    print(f"{time.strftime('%H:%M:%S')} {name}: pid {os.getpid()}, {spec.workload} workload, "
+          f"{cluster.get('service_url', '')}", flush=True)
     crashed: list[str] = []
-
-    def guarded(fn, *a) -> None:
-        try:
-            fn(*a)
-        except Exception:
-            crashed.append(traceback.format_exc())
-            print(crashed[-1], flush=True)
-
-    if args.final_reads:
-        threads = workload.run_final_reads(session, spec, topics, journal, stop)
-    else:
-        deadline = (args.deadline_ns or (args.t0_ns + int(spec.time_limit * 1e9))) / 1e9
-        mine = [t for t in workload.threads(spec, args.workers) if t.worker == args.worker]
+    try:
+        threads = workload.start_final(ctx) if args.final_reads else workload.start(ctx)
+    except Exception:
+        crashed.append(traceback.format_exc())
+        print(crashed[-1], flush=True)
         threads = []
-        for t in mine:
-            th = threading.Thread(target=guarded, name=f"thread-{t.index}", daemon=True,
-                                  args=(workload.run_thread, session, spec, t, topics, journal, deadline, stop))
-            th.start()
-            threads.append(th)
 
     while any(t.is_alive() for t in threads) and not stop.is_set():
         stop.wait(0.2)
@@ -98,7 +87,12 @@ def main(argv: list[str] | None = None) -> int:
         for t in threads:
             t.join(max(0.0, end - time.monotonic()))
     journal.close()
-    session.close(3.0)
+    for fn in ctx.cleanups:
+        try:
+            fn()
+        except Exception:
+            pass
+    crashed += ctx.crashed
     print(f"{time.strftime('%H:%M:%S')} {name}: done"
           + (f" (signal {caught[0]})" if caught else "") + (" (a thread crashed)" if crashed else ""), flush=True)
     sys.stdout.flush()

@@ -38,6 +38,10 @@ def _one_line_error(out: subprocess.CompletedProcess, *words: str) -> str:
     ("ensemble = 2\nwrite_quorum = 3\n", ["ack_quorum", "ensemble >= write_quorum"]),
     ("time_limit = = 3\n", ["not valid TOML"]),
     ("[bugs]\n\"no.such\" = true\n", ["bugs", "no.such"]),
+    ("workload = \"queue\"\n[options]\nspeed = 3\n", ["options", "no option 'speed'", "dedup"]),
+    ("workload = \"queue\"\n[options]\ndedup = \"yes\"\n", ["options", "dedup must be true or false"]),
+    ("workload = \"subscriptions\"\n[options]\nsubscription = \"shared\"\n",
+     ["options", "failover, key_shared", "shared"]),
 ])
 def test_malformed_spec_file_exits_254_without_run_folder(tmp_path, toml, words):
     spec = tmp_path / "spec.toml"
@@ -59,6 +63,9 @@ def test_malformed_spec_file_exits_254_without_run_folder(tmp_path, toml, words)
     (["--test-name", "a/b"], ["--test-name"]),
     (["--test-name", "latest"], ["test_name", "reserved"]),
     (["--no-such-flag"], ["unrecognized arguments"]),
+    (["--option", "dedup"], ["--option", "KEY=VALUE"]),
+    (["--workload", "log", "--option", "dedup=true"], ["--option", "no option 'dedup'"]),
+    (["--workload", "subscriptions", "--option", "keys=many"], ["--option", "keys must be a whole number"]),
 ])
 def test_bad_flag_exits_254_without_run_folder(tmp_path, args, words):
     out = run("run", "--results-dir", str(tmp_path / "results"), *args)
@@ -103,6 +110,19 @@ def test_test_toml_round_trips_to_the_same_resolved_spec(tmp_path):
     assert again.resolved() == spec                  # the seed is fixed: re-running keeps it
     assert store.load_spec(run_dir) == spec
     assert runner.spec_from_args(path, {"seed": 5}).seed == 5
+
+
+def test_workload_options_from_flags_and_toml(tmp_path):
+    spec = tmp_path / "spec.toml"
+    spec.write_text('workload = "subscriptions"\n[options]\nsubscription = "key_shared"\nconsumer_lifetime = 2\n')
+    s = runner.spec_from_args(spec, {"options": {"keys": 4}})
+    assert s.options == {"subscription": "key_shared", "consumer_lifetime": 2.0, "keys": 4}   # int -> float
+    run_dir = store.create_run_dir(tmp_path, "opt")
+    again = runner.spec_from_args(store.write_test_toml(run_dir, s.resolved()), {})
+    assert again.options == s.options and again.workload == "subscriptions"
+    from harness.spec import parse_options
+    assert parse_options(["dedup=true", "keys=3", "subscription=key_shared", 'name="x y"']) == {
+        "dedup": True, "keys": 3, "subscription": "key_shared", "name": "x y"}
 
 
 def test_check_and_report_bad_run_dir_are_one_line(tmp_path):

@@ -1,0 +1,149 @@
+"""The queue workload: producers enqueue unique ints, competing consumers on one Shared subscription
+dequeue and acknowledge them, and after the faults a drain empties the subscription.
+
+Checked as Jepsen's total-queue: every acknowledged enqueue is dequeued at least once (lost otherwise),
+nothing is dequeued that was never enqueued, and how often each value was delivered (exactly-once
+analysis). With the `dedup` option the topics run with broker deduplication, and a value stored twice
+(two message ids) is then an anomaly of its own.
+"""
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from harness.history import FAIL, OK
+from harness.spec import TestSpec
+from workloads import base
+from workloads.base import MAX_WORKERS, Context, Planned
+from workloads.log import VALUE_STRIDE, session_for, topic_names
+from workloads.pulsar_client import RECEIVE_WAIT_MS, Session, receive, send, set_topic_policy
+
+DESCRIPTION = "producers enqueue unique ints, competing Shared consumers dequeue them, a final drain empties the queue"
+OPTIONS: dict[str, tuple[Any, str]] = {
+    "dedup": (False, "turn on broker deduplication for the topics (a value stored twice is then an anomaly)"),
+    "consumers": (0, "competing consumers per topic (0: a third of the concurrency, at least 2)"),
+}
+SUBSCRIPTION = "queue"
+DRAIN_IDLE_S = 3.0            # the drain ends after this long without a message ...
+DRAIN_MAX_S = 60.0            # ... or after this long in all
+
+
+def keys(spec: TestSpec, run_id: str) -> list[str]:
+    return topic_names(spec.test_name, run_id, spec.topics)
+
+
+def worker_count(spec: TestSpec) -> int:
+    return max(1, min(MAX_WORKERS, spec.concurrency))
+
+
+@dataclass(frozen=True)
+class Thread:
+    index: int
+    role: str              # "enqueue" or "dequeue"
+    batched: bool
+    worker: int
+
+
+def threads(spec: TestSpec, workers: int | None = None) -> list[Thread]:
+    """Consumers first (each one consumer per topic, all on the one Shared subscription: they compete),
+    then producers alternating batched and unbatched."""
+    w = workers or worker_count(spec)
+    c = spec.concurrency
+    n_recv = int(spec.options.get("consumers") or 0) or max(2, c // 3)
+    n_recv = min(n_recv, max(1, c - 1))
+    out = [Thread(i, "dequeue", False, i % w) for i in range(n_recv)]
+    out += [Thread(n_recv + j, "enqueue", j % 2 == 0, j % w) for j in range(c - n_recv)]
+    return out
+
+
+def generator(spec: TestSpec, thread: Thread, topics: list[str]) -> Iterator[Planned]:
+    rng = random.Random(f"{spec.seed}:queue:{thread.index}")
+    delays = base.paced(rng, spec.rate / spec.concurrency)
+    n = 0
+    while True:
+        topic = rng.choice(topics)
+        if thread.role == "enqueue":
+            n += 1
+            yield Planned("enqueue", topic, (thread.index + 1) * VALUE_STRIDE + n, next(delays))
+        else:
+            yield Planned("dequeue", topic, None, next(delays))
+
+
+def prepare(ctx: Context) -> None:
+    if ctx.spec.options.get("dedup"):
+        for t in ctx.keys:
+            set_topic_policy(ctx.admin_urls(), t, "deduplication", True)
+
+
+def _consumer_name(ctx: Context, thread: int) -> str:
+    return f"{ctx.run_dir.name[-6:]}-q{thread}"
+
+
+def start(ctx: Context) -> list[threading.Thread]:
+    session = session_for(ctx)
+    mine = [t for t in threads(ctx.spec, ctx.workers) if t.worker == ctx.worker]
+
+    def run(t: Thread) -> None:
+        name = _consumer_name(ctx, t.index)
+
+        def perform(p: Planned, process: int) -> tuple[str, dict[str, Any]]:
+            if p.f == "enqueue":
+                return send(session, p.key, t.batched, p.value)
+            return receive(session, p.key, SUBSCRIPTION, "Shared", name)[:2]
+        for topic in ctx.keys:          # made up front, so that every consumer competes from the start
+            try:
+                if t.role == "dequeue":
+                    session.consumer(topic, SUBSCRIPTION, "Shared", name)
+                else:
+                    session.producer(topic, t.batched)
+            except Exception:
+                pass
+        base.drive(ctx, t.index, ctx.spec.concurrency, generator(ctx.spec, t, ctx.keys), perform)
+    return base.start_threads(ctx, [(f"thread-{t.index}", lambda t=t: run(t)) for t in mine])
+
+
+def drain(session: Session, topic: str, subscription: str, type_: str, name: str,
+          idle_s: float = DRAIN_IDLE_S, max_s: float = DRAIN_MAX_S) -> tuple[str, dict[str, Any]]:
+    """Receive and acknowledge until nothing has arrived for idle_s: ok with everything received
+    (fail if nothing), info if still receiving after max_s."""
+    end = time.monotonic() + max_s
+    got: list[dict[str, Any]] = []
+    node = ""
+    idle_since = time.monotonic()
+    while time.monotonic() < end:
+        type_r, ch, _, _ = receive(session, topic, subscription, type_, name, max_messages=256)
+        if type_r == OK:
+            got += ch["value"]
+            node = ch.get("node") or node
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since >= idle_s:
+            return (OK, {"value": got, "node": node}) if got else (FAIL, {"error": "empty", "node": node})
+        else:
+            time.sleep(RECEIVE_WAIT_MS / 1000)
+    from harness.history import INFO
+    return INFO, {"value": got, "error": f"drain still receiving after {max_s:.0f}s ({len(got)} messages)"}
+
+
+def final_drains(ctx: Context, session: Session, subscription: str, type_: str,
+                 f: str = "drain") -> list[tuple[str, Callable[[], None]]]:
+    """One drain per topic on the workload's subscription, as (name, fn) pairs."""
+    def one(i: int, topic: str) -> None:
+        base.once(ctx, base.FINAL_PROCESS + i, f, topic, None,
+                  lambda: drain(session, topic, subscription, type_, f"{ctx.run_dir.name[-6:]}-drain-{i}"))
+    return [(f"drain-{i}", lambda i=i, t=t: one(i, t)) for i, t in enumerate(ctx.keys)]
+
+
+def start_final(ctx: Context) -> list[threading.Thread]:
+    return base.start_threads(ctx, final_drains(ctx, session_for(ctx), SUBSCRIPTION, "Shared"))
+
+
+def checkers(spec: TestSpec | None = None) -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
+    from checkers import CHECKERS
+    dedup = bool(spec and spec.options.get("dedup"))
+    want = {"queue": {"enqueue": ("enqueue",), "dequeue": ("dequeue", "drain"), "dedup": dedup},
+            "perf": {"write_fs": ("enqueue",)}}
+    return {n: (CHECKERS[n], o) for n, o in want.items() if n in CHECKERS}
