@@ -4,8 +4,8 @@ Each module checks one family of claims; `CHECKERS` maps the names a workload li
 """
 from __future__ import annotations
 
-from checkers import log
+from checkers import fencing, log, perf
 
-CHECKERS = {"log": log.check}
+CHECKERS = {"log": log.check, "fencing": fencing.check, "perf": perf.check}
 
 __all__ = ["CHECKERS", "log"]

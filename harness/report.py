@@ -995,6 +995,18 @@ def _stats_table(stats: dict[str, Any]) -> str:
     return _table(["stat", "value"], rows, cls="kv")
 
 
+def _stats_row_tables(name: str, stats: dict[str, Any]) -> str:
+    """The stats a checker names in stats["tables"] (lists of flat row dicts, e.g. perf by fault state,
+    the fencing checker's ownership timeline), each as a sortable table."""
+    o = []
+    names = stats.get("tables")
+    for k in names if isinstance(names, list) else []:
+        rows = stats.get(k)
+        if isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows):
+            o.append(f'<h4>{esc(name)}: {esc(k)}</h4>{_evidence_table(rows)}')
+    return "".join(o)
+
+
 def _section_anomalies(run: Run, used: set[str]) -> str:
     o = ['<section id="anomalies" aria-labelledby="h-anomalies"><h2 id="h-anomalies">Anomalies</h2>']
     if run.results is None:
@@ -1036,6 +1048,7 @@ def _section_anomalies(run: Run, used: set[str]) -> str:
             o.append("<p>No anomalies found.</p>")
         stats = c.get("stats")
         if isinstance(stats, dict) and stats:
+            o.append(_stats_row_tables(name, stats))
             o.append(f'<details class="stats"><summary>Stats of <code>{esc(name)}</code></summary>'
                      f'{_stats_table(stats)}</details>')
     o.append("</section>")
