@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=watch_parent, daemon=True).start()
 
     print(f"{time.strftime('%H:%M:%S')} {name}: pid {os.getpid()}, {spec.workload} workload, "
-          f"{cluster.get('service_url', '')}", flush=True)
+          f"{ctx.service_url}", flush=True)
     crashed: list[str] = []
     try:
         threads = workload.start_final(ctx) if args.final_reads else workload.start(ctx)

@@ -38,7 +38,17 @@ class Context:
 
     @property
     def service_url(self) -> str:
-        return self.cluster.get("service_url", "")
+        """This worker's home broker as its service URL (worker w: broker w mod n), as Jepsen binds each
+        client to a node. The client looks topics up through the one broker it first connected to and
+        keeps that connection; with the whole list, every worker may end up asking the same broker, and
+        a broker cut from ZooKeeper then answers every lookup: no client ever asks a healthy broker,
+        which is what takes a topic over. The cost: while its home broker is down, a worker cannot look
+        topics up (connections it already has to other brokers keep working)."""
+        brokers = [n for n in self.nodes("broker") if n.get("host")]
+        if len(brokers) < 2:
+            return self.cluster.get("service_url", "")
+        home = brokers[self.worker % len(brokers)]
+        return f"pulsar://{home['host']}:{(home.get('ports') or {}).get('pulsar', 6650)}"
 
     def nodes(self, role: str | None = None) -> list[dict[str, Any]]:
         return [n for n in self.cluster.get("nodes", []) if role is None or n.get("role") == role]

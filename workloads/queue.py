@@ -26,7 +26,11 @@ DESCRIPTION = "producers enqueue unique ints, competing Shared consumers dequeue
 OPTIONS: dict[str, tuple[Any, str]] = {
     "dedup": (False, "turn on broker deduplication for the topics (a value stored twice is then an anomaly)"),
     "consumers": (0, "competing consumers per topic (0: a third of the concurrency, at least 2)"),
+    "exactly_once": (False, "claim exactly-once delivery: a value dequeued twice is then invalid"),
+    "nack_every": (0, "negatively acknowledge every Nth dequeued message after recording it (a consumer that "
+                      "processed it and then failed): Pulsar redelivers it; 0 never"),
 }
+NACK_DELAY_MS = 200           # redelivery delay of negatively acknowledged messages (the client's default is 60 s)
 SUBSCRIPTION = "queue"
 DRAIN_IDLE_S = 3.0            # the drain ends after this long without a message ...
 DRAIN_MAX_S = 60.0            # ... or after this long in all
@@ -87,17 +91,31 @@ def start(ctx: Context) -> list[threading.Thread]:
     session = session_for(ctx)
     mine = [t for t in threads(ctx.spec, ctx.workers) if t.worker == ctx.worker]
 
+    nack_every = int(ctx.spec.options.get("nack_every") or 0)
+    kw = {"negative_ack_redelivery_delay_ms": NACK_DELAY_MS} if nack_every else {}
+
     def run(t: Thread) -> None:
         name = _consumer_name(ctx, t.index)
+        received = 0
 
         def perform(p: Planned, process: int) -> tuple[str, dict[str, Any]]:
+            nonlocal received
             if p.f == "enqueue":
                 return send(session, p.key, t.batched, p.value)
-            return receive(session, p.key, SUBSCRIPTION, "Shared", name)[:2]
+            if not nack_every:
+                return receive(session, p.key, SUBSCRIPTION, "Shared", name)[:2]
+            type_, changes, msgs, c = receive(session, p.key, SUBSCRIPTION, "Shared", name, ack=False)
+            for m in msgs:
+                received += 1
+                try:
+                    (c.negative_acknowledge if received % nack_every == 0 else c.acknowledge)(m)
+                except Exception:
+                    pass
+            return type_, changes
         for topic in ctx.keys:          # made up front, so that every consumer competes from the start
             try:
                 if t.role == "dequeue":
-                    session.consumer(topic, SUBSCRIPTION, "Shared", name)
+                    session.consumer(topic, SUBSCRIPTION, "Shared", name, **kw)
                 else:
                     session.producer(topic, t.batched)
             except Exception:
@@ -143,7 +161,8 @@ def start_final(ctx: Context) -> list[threading.Thread]:
 
 def checkers(spec: TestSpec | None = None) -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
     from checkers import CHECKERS
-    dedup = bool(spec and spec.options.get("dedup"))
-    want = {"queue": {"enqueue": ("enqueue",), "dequeue": ("dequeue", "drain"), "dedup": dedup},
+    o = spec.options if spec else {}
+    want = {"queue": {"enqueue": ("enqueue",), "dequeue": ("dequeue", "drain"), "dedup": bool(o.get("dedup")),
+                      "exactly_once": bool(o.get("exactly_once"))},
             "perf": {"write_fs": ("enqueue",)}}
     return {n: (CHECKERS[n], o) for n, o in want.items() if n in CHECKERS}

@@ -130,5 +130,5 @@ def checkers(spec: TestSpec | None = None) -> dict[str, tuple[Callable[..., Any]
     sub_type = _TYPES[_sub(spec)][1]
     want = {"log": {"subscription_type": sub_type},
             "queue": {"enqueue": ("send",), "dequeue": ("receive", "drain")},
-            "perf": {}}
+            "fencing": {}, "perf": {}}
     return {n: (CHECKERS[n], o) for n, o in want.items() if n in CHECKERS}
