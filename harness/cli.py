@@ -315,14 +315,16 @@ def _strict_usage(p: argparse.ArgumentParser) -> None:
     p.parse_known_args = strict  # type: ignore[method-assign]
 
 
-def _workload_help() -> str:
+def _workloads_epilog() -> str:
+    """One paragraph per workload: its line, then its options (for `run --help`)."""
     from workloads import available, get
-    parts = []
+    lines = ["workloads (--workload NAME; options with --option KEY=VALUE):"]
     for name in available():
         mod = get(name)
-        opts = "; ".join(f"{k}={d!r}: {h}" for k, (d, h) in getattr(mod, "OPTIONS", {}).items())
-        parts.append(f"{name}: {mod.DESCRIPTION}" + (f" (options: {opts})" if opts else ""))
-    return "workload (default log). " + " | ".join(parts)
+        lines.append(f"  {name:15} {mod.DESCRIPTION}")
+        for k, (d, h) in getattr(mod, "OPTIONS", {}).items():
+            lines.append(f"  {'':15}   {k}={d!r}: {h}")
+    return "\n".join(lines)
 
 
 def _run_args(p: argparse.ArgumentParser) -> None:
@@ -330,10 +332,12 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     _strict_usage(p)
     p.add_argument("--spec", metavar="FILE", default=None,
                    help="a TOML test spec (e.g. a run's test.toml); flags given here override it")
-    p.add_argument("--workload", default=None, metavar="NAME", help=_workload_help())
+    p.formatter_class = argparse.RawDescriptionHelpFormatter      # keep the epilog's lines
+    p.epilog = _workloads_epilog()
+    p.add_argument("--workload", default=None, metavar="NAME", help="workload (default log; listed below)")
     p.add_argument("--option", action="append", default=None, metavar="KEY=VALUE",
                    help="a workload option (repeatable), e.g. --option subscription=key_shared; "
-                        "each workload's options are listed above")
+                        "each workload's options are listed below")
     p.add_argument("--nemesis", default=None, metavar="LIST",
                    help="comma list of partition, kill, pause, zk-isolate, or none (default: all four)")
     p.add_argument("--nemesis-interval", type=float, default=None, metavar="S",
