@@ -11,6 +11,10 @@ KNOBS: dict[str, tuple[Any, str]] = {
     "bookie.ack_before_fsync": (
         False, "bookie acknowledges an add once the journal write is issued, before fsync "
                "(BookKeeper's journalSyncData=false): power loss can lose acknowledged entries"),
+    "bookie.ignore_fence": (
+        False, "bookie keeps accepting normal adds on a ledger it has fenced (it still records the "
+               "fence and answers fencing reads), so a writer whose ledger was recovered and closed "
+               "by another client keeps getting adds acknowledged beyond the closed end"),
     "broker.recovery_fencing": (
         True, "when false, a broker taking over a topic closes the previous owner's ledger in "
               "metadata without fencing it on the bookies, so the old owner can keep getting "

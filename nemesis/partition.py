@@ -88,22 +88,26 @@ class ZkIsolateNemesis(_GrudgeNemesis):
     """Cut a topic's current owner from every ZooKeeper node (and only from them).
 
     The topic is drawn from the context's topics; its owner is asked of the brokers when the fault
-    starts (HTTP lookup), so the fault follows ownership changes. The owner keeps its links to
+    starts (HTTP lookup), so the fault follows ownership changes. Without topics (the ledger and
+    register workloads) a random broker or bookie is cut instead (topic ""). The owner keeps its links to
     bookies, other brokers and clients: Vanlightly's `isolate-broker-from-zk`."""
 
     name = "zk-isolate"
     healed_keys = ("topic", "owner", "grudge")
 
     def choose(self, ctx: NemesisContext) -> dict[str, Any]:
-        if not ctx.topics:
-            raise NemesisError("zk-isolate needs the workload's topics; none were given")
+        if not ctx.topics:      # a workload without topics (ledger, register): a random broker or bookie
+            pool = ctx.names("broker", "bookie")
+            if not pool:
+                raise NemesisError("zk-isolate: no topics and no broker or bookie to cut from ZooKeeper")
+            return {"topic": "", "owner": ctx.rng.choice(pool)}
         return {"topic": normalize_topic(ctx.rng.choice(list(ctx.topics)))}
 
     def start(self, ctx: NemesisContext, plan: dict[str, Any] | None = None) -> dict[str, Any]:
         self._check_idle()
         plan = plan if plan is not None else self.choose(ctx)
         topic = plan["topic"]
-        owner = ctx.owner_of(topic)
+        owner = plan.get("owner") or ctx.owner_of(topic)
         zks = ctx.names("zookeeper")
         if not zks:
             raise NemesisError("the cluster has no ZooKeeper nodes")
@@ -116,4 +120,5 @@ class ZkIsolateNemesis(_GrudgeNemesis):
     def describe(self) -> str:
         if not self.applied:
             return self.name
-        return f"zk-isolate: {self.applied['owner']} cut from ZooKeeper (owner of {self.applied['topic']})"
+        topic = self.applied["topic"]
+        return f"zk-isolate: {self.applied['owner']} cut from ZooKeeper" + (f" (owner of {topic})" if topic else "")

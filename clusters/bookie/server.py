@@ -112,6 +112,7 @@ class Bookie:
         self.conns: set[_Conn] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
         ack_early = bool(bugs.value(cfg.bugs, "bookie.ack_before_fsync"))
+        self.ignore_fence = bool(bugs.value(cfg.bugs, "bookie.ignore_fence"))
         self.journal = Journal(self.data_dir / "journal", sync_data=cfg.journal_sync_data,
                                ack_before_fsync=ack_early,
                                max_group_wait_ms=cfg.journal_max_group_wait_ms,
@@ -308,7 +309,7 @@ class Bookie:
             conn.send(P.encode_response(P.ADD, P.BAD_REQUEST, rid, ledger, entry))
             return
         st = self.storage.ledgers.get(ledger)
-        if st is not None and st.fenced and not (flags & P.FLAG_RECOVERY_ADD):
+        if st is not None and st.fenced and not (flags & P.FLAG_RECOVERY_ADD) and not self.ignore_fence:
             conn.send(P.encode_response(P.ADD, P.FENCED, rid, ledger, entry))
             return
         lac, length, crc = P.ADD_BODY.unpack_from(body, 0)
