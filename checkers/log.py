@@ -1,36 +1,91 @@
-"""The log checker: acknowledged sends survive, every reader agrees on the log, producers go forward.
+"""The log checker: acknowledged sends survive, every reader agrees on the log, producers and consumers go forward.
 
-A pure function over a `log` workload history (send, receive, final read per topic) that finds lost,
-unexpected, duplicated and divergent messages and nonmonotonic sends, and gathers the report's stats.
+A pure function over a `log`-style history (send, receive/drain, final read per topic) that finds lost,
+unexpected, duplicated and divergent messages, nonmonotonic sends, consumers that skip or go back in
+the log (Jepsen's Kafka taxonomy, mapped to Pulsar's subscription types), and gathers the report's stats.
 
 Model (after Jepsen's kafka checker, mapped to Pulsar): a topic is an append-only log; a message's
 position is its MessageId (ledger_id, entry_id, batch_index) and sent values are unique. Every ok
 send, ok receive and ok final read is an observation "value v sits at position m of topic t"; two
-values at one position is `divergence`, one value at two positions is a `duplicate`. The final reads
-(a Reader from the earliest message after the faults healed) must hold every acknowledged send.
+values at one position is `divergence` (Jepsen's inconsistent-offsets), one value at two positions is
+a `duplicate`. The final reads (a Reader from the earliest message after the faults healed) must hold
+every acknowledged send (`lost` otherwise, Jepsen's lost-write); an acknowledged send that no
+consumer received during the run is `unseen`.
 
 Positions ignore the partition field (ledger ids are unique in a cluster) and treat batch_index -1
 (an entry that is not a batch) as 0: an entry holds either one plain message or a batch, never both,
 so the two spellings can only denote the same message.
 
-One pass over the history keeps dicts keyed by (topic, value) and (topic, position); the cost is
-linear in the number of ops and delivered messages, the memory linear in distinct messages.
+Consumer order. The log order of a topic (per partition) is the order of its longest ok final read
+(or, with no final read, the order of every position observed). A consumer is (process, topic,
+subscription); the subscription is the message's "subscription" field, "" when absent (one per
+topic). A delivery is a *redelivery* when its redelivery_count > 0 or the subscription already
+received that value before (a rewind after a reconnect or failover replays unacknowledged messages);
+every other delivery is a *first delivery*. Then, by opts["subscription_type"]:
+
+- Exclusive, Failover:
+  - `nonmonotonic-poll`: a consumer's first delivery lies before its previous delivery in the log.
+  - `poll-skip`: between two consecutive deliveries to a consumer the log has a message that the
+    subscription never received at all (by the end of the history, through any consumer or drain).
+    Messages that another consumer of the subscription got (a failover) are not skipped.
+  - `nonmonotonic-subscription`: a first delivery to one consumer lies before a first delivery to
+    another consumer of the subscription in a receive that completed before this one was invoked
+    (first deliveries of a subscription go forward in time order; concurrent receives are not
+    compared, their order is unknown).
+- Key_Shared (per message "key"; messages without one share the key None):
+  - `nonmonotonic-key`: for a key, a first delivery lies before a first delivery of that key in a
+    receive that completed before this one was invoked (any consumer), or before an earlier one in
+    the same receive.
+  - `key-overlap`: two consumers held key k unacknowledged at once. Precisely: consumers A and B
+    (different processes) get first deliveries a and b of key k, a lies before b in the log, and
+    B's receive that returned b completed before A's receive that returned a did. The broker
+    dispatches a key's messages in log order (what nonmonotonic-key checks), so a was dispatched
+    to A before b to B; the workload acknowledges each message at the end of the receive that
+    returned it, so A still held a, unacknowledged, when B already had b. (A plain time overlap
+    of the two receives is not enough: a consumer waiting in receive may get k only after the
+    other consumer acknowledged it, when the key moves on a rebalance.)
+- Shared: no order claim (consumers compete), so none of these are computed.
+
+One pass over the history keeps dicts keyed by topic, then value or position; a second pass over the
+recorded deliveries checks consumer order. The cost is linear in ops and delivered messages (plus a
+log factor per receive for the time frontier), the memory linear in distinct messages.
 """
 from __future__ import annotations
 
+import gc
 import math
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from operator import attrgetter
 from typing import Any
 
 from harness.history import FAIL, INFO, INVOKE, NEMESIS_PROCESS, OK, CheckResult, MessageId, Op
 
-# Anomaly types that make the history invalid unless opts["invalid"] says otherwise.
+# Anomaly types that make the history invalid whatever the subscription type.
 INVALID_BY_DEFAULT = ("lost", "unexpected", "divergence", "nonmonotonic-send")
+# ... and those that make it invalid for a subscription type (see the module docstring).
+INVALID_BY_SUBSCRIPTION: dict[str, tuple[str, ...]] = {
+    "Exclusive": ("nonmonotonic-poll", "poll-skip", "nonmonotonic-subscription"),
+    "Failover": ("nonmonotonic-poll", "poll-skip", "nonmonotonic-subscription"),
+    "Key_Shared": ("nonmonotonic-key", "key-overlap"),
+    "Shared": (),
+}
+SUBSCRIPTION_TYPES = tuple(INVALID_BY_SUBSCRIPTION)
 # Every anomaly type this checker can report, invalidating or informational.
 ANOMALY_TYPES = ("lost", "unexpected", "divergence", "nonmonotonic-send", "duplicate", "aborted-read",
-                 "misplaced", "nonmonotonic-read", "unseen")
+                 "misplaced", "nonmonotonic-read", "unseen", "nonmonotonic-poll", "poll-skip",
+                 "nonmonotonic-subscription", "nonmonotonic-key", "key-overlap")
 
 DEFAULTS: dict[str, Any] = {
-    "invalid": INVALID_BY_DEFAULT,   # anomaly types that make `valid` False
+    # anomaly types that make `valid` False; None: INVALID_BY_DEFAULT plus
+    # INVALID_BY_SUBSCRIPTION[subscription_type] (of every type in use when it is a dict)
+    "invalid": None,
+    "subscription_type": "Exclusive",  # Exclusive | Failover | Shared | Key_Shared, or {topic: type}
+    "send": ("send",),               # f names of sends
+    "receive": ("receive", "drain"),  # f names of consumer deliveries (receive ops, final drains)
+    "read": ("read",),               # f names of final reads (a Reader from the earliest message)
     "max_anomalies": 1000,           # evidence entries kept per type (None: all); counts stay exact
     "bucket_s": 1.0,                 # width of the throughput / latency-over-time buckets
     "max_buckets": 5000,             # wider buckets when a run is longer than this many buckets
@@ -38,16 +93,43 @@ DEFAULTS: dict[str, Any] = {
     "gap_s": 1.0,                    # a pause between ok sends longer than this counts as unavailable
 }
 
-_NO_VALUE = object()
-
 
 def check(history: list[Op], opts: dict[str, Any] | None = None) -> CheckResult:
     """Check a log-workload history; see the module docstring and `ANOMALY_TYPES`."""
     o = dict(DEFAULTS)
     o.update(opts or {})
-    c = _LogCheck(history, o)
-    c.scan()
-    return c.result()
+    with gc_paused():
+        c = _LogCheck(history, o)
+        c.scan()
+        c.consumer_order()
+        r = c.result()
+        del c                       # freed before the collector is back, which then has less to walk
+    return r
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for the duration (restored after).
+
+    A check allocates millions of small tuples and dicts next to a history of millions of objects;
+    every full collection walks all of them, which doubled the time of a 1,000,000-op check. The
+    checkers make no reference cycles worth collecting, so nothing is lost by pausing it."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def subscription_type(name: Any) -> str:
+    """The canonical spelling of a subscription type ("key_shared", "KeyShared" -> "Key_Shared")."""
+    key = str(name).replace("_", "").replace("-", "").lower()
+    for t in SUBSCRIPTION_TYPES:
+        if t.replace("_", "").lower() == key:
+            return t
+    raise ValueError(f"unknown subscription_type {name!r}; fix: use one of {', '.join(SUBSCRIPTION_TYPES)}")
 
 
 # ---------------------------------------------------------------------------------------- helpers
@@ -99,12 +181,6 @@ def _mid_json(m: tuple[int, int, int, int] | None) -> dict[str, int] | None:
     return {"ledger_id": m[0], "entry_id": m[1], "partition": m[2], "batch_index": m[3]}
 
 
-def _order(m: tuple[int, int, int, int]) -> tuple[int, int, int]:
-    """The log order of a message id: (ledger, entry, batch index with -1 read as 0)."""
-    b = m[3]
-    return (m[0], m[1], b if b > 0 else 0)
-
-
 def _jsonable(v: Any) -> Any:
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
@@ -122,18 +198,6 @@ def _jsonable(v: Any) -> Any:
     if isinstance(v, bytes):
         return v.decode("utf-8", "replace")
     return str(v)
-
-
-def _entry(m: Any) -> tuple[Any, tuple[int, int, int, int] | None, int]:
-    """(value, message id, redelivery count) of one delivered message."""
-    if isinstance(m, dict):
-        rc = m.get("redelivery_count") or 0
-        try:
-            rc = int(rc)
-        except (TypeError, ValueError):
-            rc = 0
-        return _norm(m.get("value")), _mid(m.get("message_id")), rc
-    return _norm(m), None, 0
 
 
 def _pct(sorted_vals: list[float], q: float) -> float | None:
@@ -161,40 +225,124 @@ def _fault_name(f: str) -> tuple[str, str]:
     return "", f
 
 
-# An observation of a value at a position: (source, op, message id, slot in the op's message list).
-Obs = tuple[str, Op, "tuple[int, int, int, int] | None", int]
+_NONE = object()
+_B32 = 1 << 32
+_B16 = 1 << 16
+
+
+def _pk(d: Any) -> Any:
+    """A position's key, ordered as the log is: one int (ledger, entry, batch index -1 read as 0) when
+    the parts fit, else the tuple; None when `d` is not a message id. The partition is left out."""
+    if type(d) is dict:
+        try:
+            l, e = d["ledger_id"], d["entry_id"]
+            b = d.get("batch_index", -1)
+        except KeyError:
+            return None
+        if type(l) is not int or type(e) is not int or type(b) is not int:
+            m = _mid(d)
+            if m is None:
+                return None
+            l, e, b = m[0], m[1], m[3]
+    elif type(d) is MessageId:
+        l, e, b = d.ledger_id, d.entry_id, d.batch_index
+    else:
+        m = _mid(d)
+        if m is None:
+            return None
+        l, e, b = m[0], m[1], m[3]
+    if b < 0:
+        b = 0
+    if l >= 0 and 0 <= e < _B32 and b < _B16:
+        return ((l << 32) | e) << 16 | b
+    return (l, e, b)
+
+
+def _unpack(pk: Any) -> tuple[int, int, int]:
+    if type(pk) is int:
+        return (pk >> 48, (pk >> 16) & 0xFFFFFFFF, pk & 0xFFFF)
+    return pk
+
+
+def _before(a: Any, b: Any) -> bool:
+    """Position a lies before position b in the log."""
+    if type(a) is int and type(b) is int:
+        return a < b
+    return _unpack(a) < _unpack(b)
+
+
+def _partition(d: Any) -> int:
+    if type(d) is dict:
+        p = d.get("partition", -1)
+        return p if type(p) is int else (_mid(d) or (0, 0, -1))[2]
+    if type(d) is MessageId:
+        return d.partition
+    m = _mid(d)
+    return m[2] if m is not None else -1
+
+
+def _msg_at(op: Op, slot: int) -> Any:
+    v = op.value
+    if isinstance(v, dict):
+        return v
+    try:
+        return v[slot]
+    except (IndexError, KeyError, TypeError):
+        return None
+
+
+# An observation of a value at a position: (source "send" | "receive" | "read", op, slot in the op's
+# message list, -1 for a send's acknowledgement). Message ids are looked up again for evidence only.
+Obs = tuple[str, Op, int]
 
 
 class _LogCheck:
     def __init__(self, history: list[Op], opts: dict[str, Any]):
         self.h = history
         self.o = opts
+        self.send_fs = frozenset(opts.get("send") or ())
+        self.recv_fs = frozenset(opts.get("receive") or ()) - self.send_fs
+        self.read_fs = frozenset(opts.get("read") or ()) - self.send_fs - self.recv_fs
+        st = opts.get("subscription_type") or "Exclusive"
+        if isinstance(st, dict):
+            self.sub_types = {k: subscription_type(v) for k, v in st.items()}
+            self.sub_default = subscription_type(st.get("*", "Exclusive"))
+        else:
+            self.sub_types = {}
+            self.sub_default = subscription_type(st)
         self.counts: dict[tuple[str, str], int] = {}
         self.open: dict[int, Op] = {}
-        # (topic, value) -> [invoke, completion | None]; insertion (invoke) order
-        self.sends: dict[tuple[str, Any], list[Any]] = {}
+        self.open_rec: dict[int, list[Any] | None] = {}      # a process's open send's record
+        # topic -> value -> [invoke, completion | None, acknowledged position | None]; invoke order
+        self.sends: dict[str, dict[Any, list[Any]]] = {}
         self.send_topics: dict[str, list[int]] = {}          # topic -> [invoked, ok, fail, info]
         self.reused_values = 0
         self.ok_without_id = 0
         self.orphans = 0
         self.dangling = 0                                     # a process invoked again without completing
-        self.lat: list[tuple[int, int, str]] = []             # (invoke ns, latency ns, type) of sends
+        self.ok_inv: list[int] = []                           # invoke ns of ok sends (with their invoke)
+        self.ok_lat: list[int] = []                           # ... and their latency ns
+        self.other_lat: list[tuple[int, int, str]] = []       # (invoke ns, latency ns, type), other sends
         self.ok_done: list[int] = []                          # completion ns of ok sends
-        self.last_send: dict[tuple[int, str, int], tuple[tuple[int, int, int], list[Any]]] = {}
+        self.last_send: dict[tuple[int, str, int], tuple[Any, list[Any]]] = {}
         self.nonmono_send: list[tuple[list[Any], list[Any]]] = []
-        # (topic, l, e, b) -> (value, obs), and the positions seen with more than one value
-        self.pos: dict[tuple[str, int, int, int], tuple[Any, Obs]] = {}
-        self.conflicts: dict[tuple[str, int, int, int], dict[Any, Obs]] = {}
-        # (topic, value) -> (position | None, obs) from reads and receives, and values at >1 position
-        self.vpos: dict[tuple[str, Any], tuple[Any, Obs]] = {}
+        # topic -> position -> (value, obs), and the positions seen with more than one value
+        self.pos: dict[str, dict[Any, tuple[Any, Obs]]] = {}
+        self.conflicts: dict[tuple[str, Any], dict[Any, Obs]] = {}
+        # topic -> value -> (position | None, obs) from reads and receives, and values at >1 position
+        self.vpos: dict[str, dict[Any, tuple[Any, Obs]]] = {}
         self.dups: dict[tuple[str, Any], dict[Any, Obs]] = {}
-        self.recv_first: dict[tuple[str, Any], Obs] = {}
+        self.recv_first: dict[str, dict[Any, Obs]] = {}     # topic -> value -> first receive
         self.recv_topics: set[str] = set()
         self.recv_msgs = 0
         self.redelivered = 0
         self.received_again = 0
+        # receive ops in completion order: (op, invoke ns, topic, [(value, redelivery count,
+        # partition, key, subscription, slot)])
+        self.deliveries: list[tuple[Op, int, str, list[tuple[Any, int, int, Any, Any, int]]]] = []
         self.read_status: dict[str, list[str]] = {}
-        self.reads: dict[str, list[tuple[Op, set[Any], int]]] = {}
+        # topic -> [(op, its values, messages, partition -> value -> index, partition -> values)]
+        self.reads: dict[str, list[tuple[Op, Any, int, dict[int, dict[Any, int]], dict[int, list[Any]]]]] = {}
         self.nonmono_read: list[dict[str, Any]] = []
         self.read_repeats = 0
         self.malformed: list[dict[str, Any]] = []
@@ -205,99 +353,138 @@ class _LogCheck:
         self.t_min: int | None = None
         self.t_max = 0
         self._index_of: dict[int, int] | None = None
+        self.ofound: dict[str, list[Any]] = {}
+        self.ocounts: dict[str, int] = {}
+        self.order_stats: dict[str, Any] = {}
+
+    def _sub_type(self, topic: str) -> str:
+        return self.sub_types.get(topic, self.sub_default)
 
     # ------------------------------------------------------------------------------------ the pass
 
     def scan(self) -> None:
-        counts = self.counts
-        t_min = None
-        t_max = 0
+        self.counts = dict(Counter(map(attrgetter("f", "type"), self.h)))
+        times = list(map(attrgetter("time_ns"), self.h))
+        t_min = min(times, default=None)
+        t_max = max(times, default=0)
+        del times
+        open_ = self.open
+        open_rec = self.open_rec
+        send_fs, recv_fs, read_fs = self.send_fs, self.recv_fs, self.read_fs
         for op in self.h:
-            k = (op.f, op.type)
-            counts[k] = counts.get(k, 0) + 1
-            t = op.time_ns
-            if t_min is None or t < t_min:
-                t_min = t
-            if t > t_max:
-                t_max = t
+            f = op.f
+            typ = op.type
             p = op.process
             if p == NEMESIS_PROCESS:
                 self._nemesis(op)
                 continue
-            f = op.f
-            if op.type == INVOKE:
-                if p in self.open:
+            if typ == INVOKE:
+                if p in open_:
                     self.dangling += 1
-                self.open[p] = op
-                if f == "send":
-                    self._send_invoke(op)
-                elif f == "receive":
+                open_[p] = op
+                if f in send_fs:
+                    open_rec[p] = self._send_invoke(op)
+                elif f in recv_fs:
                     self.recv_topics.add(op.key)
-                elif f == "read":
+                elif f in read_fs:
                     self.read_status.setdefault(op.key, [])
                 continue
-            inv = self.open.pop(p, None)
+            inv = open_.pop(p, None)
             if inv is None:
                 self.orphans += 1
             elif inv.f != f:
                 self.orphans += 1
                 inv = None
-            if f == "send":
-                self._send_done(inv, op)
-            elif f == "receive":
-                if op.type == OK:
+            if f in send_fs:
+                self._send_done(inv, op, open_rec.pop(p, None) if inv is not None else None)
+            elif f in recv_fs:
+                # a receive that ended info may still carry what it got (a drain cut short)
+                if typ == OK or (typ == INFO and isinstance(op.value, (list, tuple))):
                     self._receive(inv, op)
-            elif f == "read":
+            elif f in read_fs:
                 self._read_done(inv, op)
         self.t_min = t_min if t_min is not None else 0
         self.t_max = t_max
 
-    def _send_invoke(self, op: Op) -> None:
-        key = (op.key, _norm(op.value))
-        st = self.send_topics.get(op.key)
-        if st is None:
-            st = self.send_topics[op.key] = [0, 0, 0, 0]
-        st[0] += 1
-        if key in self.sends:
+    def _send_invoke(self, op: Op) -> list[Any] | None:
+        """Record an attempt; its record, or None when an acknowledged send of the value is kept."""
+        topic = op.key
+        v = op.value
+        if type(v) is not int:
+            v = _norm(v)
+        by_v = self.sends.get(topic)
+        if by_v is None:
+            by_v = self.sends[topic] = {}
+            self.send_topics[topic] = [0, 0, 0, 0]
+        self.send_topics[topic][0] += 1
+        rec = by_v.get(v)
+        if rec is not None:
             self.reused_values += 1
-            rec = self.sends[key]
             if rec[1] is not None and rec[1].type == OK:
-                return          # keep the acknowledged one; the reuse is counted in stats
-        self.sends[key] = [op, None]
+                return None     # keep the acknowledged one; the reuse is counted in stats
+        rec = by_v[v] = [op, None, None]
+        return rec
 
-    def _send_done(self, inv: Op | None, op: Op) -> None:
+    def _send_done(self, inv: Op | None, op: Op, rec: list[Any] | None) -> None:
+        """A send's completion; rec is what _send_invoke returned for inv (None: look it up)."""
         topic = inv.key if inv is not None else op.key
-        value = _norm(inv.value if inv is not None else op.value)
-        key = (topic, value)
-        rec = self.sends.get(key)
-        if inv is None:                              # a completion whose invoke is not in the history
-            if rec is None:
-                rec = self.sends[key] = [op, None]
-                self.send_topics.setdefault(topic, [0, 0, 0, 0])[0] += 1
-            elif rec[1] is not None:
-                rec = [op, None]
-        elif rec is None or rec[0] is not inv:       # a reused value behind an acknowledged one
-            rec = [inv, None]
+        st = self.send_topics.get(topic)
+        if st is None:
+            st = self.send_topics[topic] = [0, 0, 0, 0]
+        if rec is not None and rec[0] is inv:
+            value = _NONE                            # only needed below for an ack
+        else:
+            value = inv.value if inv is not None else op.value
+            if type(value) is not int:
+                value = _norm(value)
+            by_v = self.sends.get(topic)
+            if by_v is None:
+                by_v = self.sends[topic] = {}
+            rec = by_v.get(value)
+            if inv is None:                          # a completion whose invoke is not in the history
+                if rec is None:
+                    rec = by_v[value] = [op, None, None]
+                    st[0] += 1
+                elif rec[1] is not None:
+                    rec = [op, None, None]
+            elif rec is None or rec[0] is not inv:   # a reused value behind an acknowledged one
+                rec = [inv, None, None]
         rec[1] = op
         t = op.type
-        st = self.send_topics.setdefault(topic, [0, 0, 0, 0])
         st[1 if t == OK else 2 if t == FAIL else 3] += 1
-        if inv is not None:
-            self.lat.append((inv.time_ns, op.time_ns - inv.time_ns, t))
         if t != OK:
+            if inv is not None:
+                self.other_lat.append((inv.time_ns, op.time_ns - inv.time_ns, t))
             return
+        if inv is not None:
+            self.ok_inv.append(inv.time_ns)
+            self.ok_lat.append(op.time_ns - inv.time_ns)
         self.ok_done.append(op.time_ns)
-        m = _mid(op.message_id)
-        if m is None:
+        d = op.message_id
+        pk = _pk(d) if d is not None else None
+        if pk is None:
             self.ok_without_id += 1
             return
-        self._at(topic, m, value, ("send", op, m, -1))
-        k = (op.process, topic, m[2])
-        order = _order(m)
+        rec[2] = pk
+        if value is _NONE:
+            value = inv.value
+            if type(value) is not int:
+                value = _norm(value)
+        pos_t = self.pos.get(topic)
+        if pos_t is None:
+            pos_t = self.pos[topic] = {}
+        cur = pos_t.get(pk)
+        if cur is None:
+            pos_t[pk] = (value, ("send", op, -1))
+        elif cur[0] != value:
+            self._conflict(topic, pk, cur, value, ("send", op, -1))
+        k = (op.process, topic, d.partition if type(d) is MessageId else _partition(d))
         last = self.last_send.get(k)
-        if last is not None and order < last[0]:
-            self.nonmono_send.append((last[1], rec))
-        self.last_send[k] = (order, rec)
+        if last is not None:
+            lp = last[0]
+            if (pk < lp) if (type(pk) is int and type(lp) is int) else _before(pk, lp):
+                self.nonmono_send.append((last[1], rec))
+        self.last_send[k] = (pk, rec)
 
     def _messages(self, op: Op) -> list[Any]:
         v = op.value
@@ -306,95 +493,186 @@ class _LogCheck:
         if isinstance(v, dict):
             return [v]
         if isinstance(v, (list, tuple)):
-            return list(v)
+            return v
         self._bad(op, "value is not a list of messages")
         return []
 
     def _receive(self, inv: Op | None, op: Op) -> None:
         topic = op.key or (inv.key if inv is not None else "")
         self.recv_topics.add(topic)
+        first = self.recv_first.get(topic)
+        if first is None:
+            first = self.recv_first[topic] = {}
+        pos_t = self.pos.get(topic)
+        if pos_t is None:
+            pos_t = self.pos[topic] = {}
+        vpos_t = self.vpos.get(topic)
+        if vpos_t is None:
+            vpos_t = self.vpos[topic] = {}
+        seen = self._seen
+        out = []
+        n = redelivered = again = 0
         for j, m in enumerate(self._messages(op)):
-            v, mid, rc = _entry(m)
+            if type(m) is dict:
+                v = m.get("value")
+                if type(v) is not int:
+                    v = _norm(v)
+                d = m.get("message_id")
+                rc = m.get("redelivery_count") or 0
+                if type(rc) is not int:
+                    try:
+                        rc = int(rc)
+                    except (TypeError, ValueError):
+                        rc = 0
+                key = m.get("key")
+                sub = m.get("subscription", "")
+            else:
+                v, d, rc, key, sub = _norm(m), None, 0, None, ""
             if v is None:
                 self._bad(op, f"message {j} has no value")
                 continue
-            self.recv_msgs += 1
+            n += 1
             if rc > 0:
-                self.redelivered += 1
-            obs = ("receive", op, mid, j)
-            k = (topic, v)
-            if k in self.recv_first:
-                self.received_again += 1
+                redelivered += 1
+            obs = None
+            if v in first:
+                again += 1
             else:
-                self.recv_first[k] = obs
-            self._seen(topic, v, mid, obs)
+                obs = first[v] = ("receive", op, j)
+            if type(d) is dict:
+                # _pk and _partition inlined for the common spelling of a message id
+                lg, e, b = d.get("ledger_id"), d.get("entry_id"), d.get("batch_index", -1)
+                if type(lg) is int and type(e) is int and type(b) is int and lg >= 0 and 0 <= e < _B32 \
+                        and b < _B16:
+                    pk = ((lg << 32) | e) << 16 | (b if b > 0 else 0)
+                else:
+                    pk = _pk(d)
+                part = d.get("partition", -1) if pk is not None else -1
+                if type(part) is not int:
+                    part = _partition(d)
+            elif d is not None:
+                pk = _pk(d)
+                part = _partition(d) if pk is not None else -1
+            else:
+                pk, part = None, -1
+            # _seen, inlined: the usual case is a position already known with this value (the ack)
+            # and a value seen for the first time
+            cur = pos_t.get(pk) if pk is not None else _NONE
+            cv = vpos_t.get(v)
+            if (cur is None or (cur is not _NONE and cur[0] != v)) or cv is not None:
+                seen(topic, v, pk, "receive", op, j, pos_t, vpos_t)
+            else:
+                vpos_t[v] = (pk, obs or ("receive", op, j))
+            out.append((v, rc, part, key, sub, j))
+        self.recv_msgs += n
+        self.redelivered += redelivered
+        self.received_again += again
+        if out:
+            t_inv = inv.time_ns if inv is not None else op.time_ns
+            self.deliveries.append((op, t_inv, topic, out))
 
     def _read_done(self, inv: Op | None, op: Op) -> None:
         topic = op.key or (inv.key if inv is not None else "")
         self.read_status.setdefault(topic, []).append(op.type)
         if op.type != OK:
             return
-        vals: set[Any] = set()
-        last: dict[int, tuple[tuple[int, int, int], int, Any, tuple[int, int, int, int]]] = {}
+        pos_t = self.pos.get(topic)
+        if pos_t is None:
+            pos_t = self.pos[topic] = {}
+        vpos_t = self.vpos.get(topic)
+        if vpos_t is None:
+            vpos_t = self.vpos[topic] = {}
+        seen = self._seen
+        # the read's order: partition -> value -> index (first occurrence), partition -> values
+        idx: dict[int, dict[Any, int]] = {}
+        vls: dict[int, list[Any]] = {}
+        cur_part: Any = None
+        ix: dict[Any, int] = {}
+        vl: list[Any] = []
+        last: dict[int, tuple[Any, int, Any, Any]] = {}
         msgs = self._messages(op)
         for j, m in enumerate(msgs):
-            v, mid, _ = _entry(m)
+            if type(m) is dict:
+                v = m.get("value")
+                if type(v) is not int:
+                    v = _norm(v)
+                d = m.get("message_id")
+            else:
+                v, d = _norm(m), None
             if v is None:
                 self._bad(op, f"message {j} has no value")
                 continue
-            vals.add(v)
-            self._seen(topic, v, mid, ("read", op, mid, j))
-            if mid is not None:
-                order = _order(mid)
-                prev = last.get(mid[2])
+            if d is None:
+                part, pk = -1, None
+            else:
+                part = d.get("partition", -1) if type(d) is dict else _partition(d)
+                pk = _pk(d)
+            if part != cur_part:
+                ix = idx.get(part)
+                if ix is None:
+                    ix = idx[part] = {}
+                    vl = vls[part] = []
+                else:
+                    vl = vls[part]
+                cur_part = part
+            if v not in ix:
+                ix[v] = len(vl)
+                vl.append(v)
+            seen(topic, v, pk, "read", op, j, pos_t, vpos_t)
+            if pk is not None:
+                prev = last.get(part)
                 if prev is not None:
-                    if order < prev[0]:
+                    lp = prev[0]
+                    if (pk < lp) if (type(pk) is int and type(lp) is int) else _before(pk, lp):
                         self.nonmono_read.append({
-                            "topic": topic, "partition": mid[2], "read": self._ref(op),
+                            "topic": topic, "partition": part, "read": self._ref(op),
                             "previous": {"slot": prev[1], "value": _jsonable(prev[2]),
-                                         "message_id": _mid_json(prev[3])},
-                            "next": {"slot": j, "value": _jsonable(v), "message_id": _mid_json(mid)}})
-                    elif order == prev[0]:
+                                         "message_id": _mid_json(_mid(prev[3]))},
+                            "next": {"slot": j, "value": _jsonable(v), "message_id": _mid_json(_mid(d))}})
+                    elif pk == prev[0]:
                         self.read_repeats += 1
-                last[mid[2]] = (order, j, v, mid)
-        self.reads.setdefault(topic, []).append((op, vals, len(msgs)))
+                last[part] = (pk, j, v, d)
+        vals: Any = next(iter(idx.values())) if len(idx) == 1 else set().union(*idx.values())
+        self.reads.setdefault(topic, []).append((op, vals, len(msgs), idx, vls))
 
-    def _seen(self, topic: str, v: Any, mid: tuple[int, int, int, int] | None, obs: Obs) -> None:
-        """A read or receive saw v (at mid, when known)."""
-        k = (topic, v)
-        pk = None
-        if mid is not None:
-            b = mid[3]
-            pk = (topic, mid[0], mid[1], b if b > 0 else 0)
-            self._at(topic, mid, v, obs, pk)
-        cur = self.vpos.get(k)
+    def _seen(self, topic: str, v: Any, pk: Any, src: str, op: Op, slot: int,
+              pos_t: dict[Any, tuple[Any, Obs]], vpos_t: dict[Any, tuple[Any, Obs]]) -> None:
+        """A read or receive saw v (at position pk, when known)."""
+        if pk is not None:
+            cur = pos_t.get(pk)
+            if cur is None:
+                pos_t[pk] = (v, (src, op, slot))
+            elif cur[0] != v:
+                self._conflict(topic, pk, cur, v, (src, op, slot))
+        cur = vpos_t.get(v)
         if cur is None:
-            self.vpos[k] = (pk, obs)
+            vpos_t[v] = (pk, (src, op, slot))
         elif pk is not None and cur[0] != pk:
             if cur[0] is None:
-                self.vpos[k] = (pk, obs)
+                vpos_t[v] = (pk, (src, op, slot))
                 return
+            k = (topic, v)
             d = self.dups.get(k)
             if d is None:
-                self.dups[k] = {cur[0]: cur[1], pk: obs}
+                self.dups[k] = {cur[0]: cur[1], pk: (src, op, slot)}
             elif pk not in d:
-                d[pk] = obs
+                d[pk] = (src, op, slot)
 
-    def _at(self, topic: str, mid: tuple[int, int, int, int], v: Any, obs: Obs,
-            pk: tuple[str, int, int, int] | None = None) -> None:
-        """Some op says v sits at mid of topic."""
-        if pk is None:
-            b = mid[3]
-            pk = (topic, mid[0], mid[1], b if b > 0 else 0)
-        cur = self.pos.get(pk)
+    def _at(self, topic: str, pk: Any, v: Any, src: str, op: Op, slot: int,
+            pos_t: dict[Any, tuple[Any, Obs]]) -> None:
+        """Some op says v sits at position pk of topic."""
+        cur = pos_t.get(pk)
         if cur is None:
-            self.pos[pk] = (v, obs)
+            pos_t[pk] = (v, (src, op, slot))
         elif cur[0] != v:
-            d = self.conflicts.get(pk)
-            if d is None:
-                self.conflicts[pk] = {cur[0]: cur[1], v: obs}
-            elif v not in d:
-                d[v] = obs
+            self._conflict(topic, pk, cur, v, (src, op, slot))
+
+    def _conflict(self, topic: str, pk: Any, cur: tuple[Any, Obs], v: Any, obs: Obs) -> None:
+        d = self.conflicts.get((topic, pk))
+        if d is None:
+            self.conflicts[(topic, pk)] = {cur[0]: cur[1], v: obs}
+        elif v not in d:
+            d[v] = obs
 
     def _nemesis(self, op: Op) -> None:
         kind, name = _fault_name(op.f)
@@ -440,6 +718,211 @@ class _LogCheck:
         if len(self.malformed) < 20:
             self.malformed.append({"op": self._ref(op), "why": why})
 
+    # ----------------------------------------------------------------------------- consumer order
+
+    def _log_order(self, topic: str) -> tuple[str, dict[int, dict[Any, int]], dict[int, list[Any]]]:
+        """(source, partition -> value -> index, partition -> values) of a topic's log: its longest ok
+        final read, else every observed position in order (one sequence, partition -1)."""
+        reads = self.reads.get(topic)
+        if reads:
+            best = max(range(len(reads)), key=lambda k: (reads[k][2], k))
+            return "final-read", reads[best][3], reads[best][4]
+        pos_t = self.pos.get(topic) or {}
+        ix, vl = {}, []
+        for pk in sorted(pos_t, key=_unpack):
+            v = pos_t[pk][0]
+            if v not in ix:
+                ix[v] = len(vl)
+                vl.append(v)
+        return "positions", {-1: ix}, {-1: vl}
+
+    def consumer_order(self) -> None:
+        """The order claims of the subscription types (module docstring), over self.deliveries."""
+        cap = self.o.get("max_anomalies")
+        found = self.ofound = {k: [] for k in ("nonmonotonic-poll", "poll-skip", "nonmonotonic-subscription",
+                                               "nonmonotonic-key", "key-overlap")}
+        counts = self.ocounts = {k: 0 for k in found}
+
+        def add(kind: str, make) -> None:
+            counts[kind] += 1
+            if cap is None or len(found[kind]) < cap:
+                found[kind].append(make())
+
+        types = {topic: self._sub_type(topic) for topic in self.recv_topics}
+        self.order_stats = st = {"subscription_types": dict(sorted(types.items(), key=lambda x: str(x[0]))),
+                                 "log_order": {}, "deliveries": 0, "first_deliveries": 0, "redeliveries": 0,
+                                 "not_in_log": 0, "consumers": 0, "keys": 0}
+        orders: dict[str, tuple[str, dict[int, dict[Any, int]], dict[int, list[Any]]]] = {}
+        for topic, t in types.items():
+            if t != "Shared":
+                orders[topic] = self._log_order(topic)
+                st["log_order"][topic] = orders[topic][0]
+        if not orders:
+            return
+        marks: dict[tuple[Any, ...], bytearray] = {}        # (topic, sub, part) -> received by the subscription
+        cons: dict[tuple[Any, ...], tuple[int, Op, int, Any, int]] = {}   # consumer -> its last delivery
+        gaps: list[tuple[tuple[Any, ...], tuple[int, Op, int, Any, int], tuple[int, Op, int, Any, int]]] = []
+        # time frontier per subscription (Exclusive/Failover) or (subscription, key) (Key_Shared):
+        # [completion times, running max of first-delivery index, the delivery holding that max]
+        fronts: dict[tuple[Any, ...], list[list[Any]]] = {}
+        # (sub, key) -> per receive with first deliveries of the key: [invoke ns, completion ns, process,
+        # op, (lowest index, slot, value), (highest index, slot, value)]
+        overlap: dict[tuple[Any, ...], list[list[Any]]] = {}
+        n = first_n = redeliv_n = unplaced = 0
+        users: set[tuple[int, str]] = set()
+        for op, t_inv, topic, msgs in self.deliveries:
+            o = orders.get(topic)
+            if o is None:
+                continue
+            source, idx, vals = o
+            exclusive = types[topic] != "Key_Shared"
+            proc = op.process
+            t_done = op.time_ns
+            users.add((proc, topic))
+            local: dict[tuple[Any, ...], tuple[int, Any]] = {}   # this op's highest first delivery per frontier
+            for v, rc, part, key, sub, j in msgs:
+                n += 1
+                if source == "positions":
+                    part = -1
+                ix = idx.get(part)
+                i = ix.get(v) if ix is not None else None
+                if i is None:
+                    unplaced += 1
+                    continue
+                sk = (topic, sub, part)
+                mk = marks.get(sk)
+                if mk is None:
+                    mk = marks[sk] = bytearray(len(vals[part]))
+                again = rc > 0 or mk[i]
+                mk[i] = 1
+                if again:
+                    redeliv_n += 1
+                else:
+                    first_n += 1
+                d = (i, op, j, v, rc)
+                if exclusive:
+                    ck = (proc, sk)
+                    cur = cons.get(ck)
+                    if cur is not None and not again:
+                        if i < cur[0]:
+                            add("nonmonotonic-poll", lambda: self._order_json(
+                                "consumer", topic, part, sub, None, cur, d, source))
+                        elif i > cur[0] + 1:
+                            gaps.append((sk, cur, d))
+                    cons[ck] = d
+                    fk = sk
+                else:
+                    fk = (sk, key)
+                    if not again:
+                        ov = overlap.get(fk)
+                        if ov is None:
+                            ov = overlap[fk] = []
+                        if not ov or ov[-1][3] is not op:
+                            ov.append([t_inv, t_done, proc, op, (i, j, v), (i, j, v)])
+                        else:
+                            e = ov[-1]
+                            if i < e[4][0]:
+                                e[4] = (i, j, v)
+                            if i > e[5][0]:
+                                e[5] = (i, j, v)
+                if again:
+                    continue
+                fr = fronts.get(fk)
+                if fr is not None:
+                    k = bisect_left(fr[0], t_inv) - 1
+                    if k >= 0 and fr[1][k] > i:
+                        e = fr[2][k]
+                        if not exclusive:
+                            add("nonmonotonic-key", lambda: self._order_json(
+                                "key", topic, part, sub, key, e, d, source))
+                        elif e[1].process != proc:
+                            add("nonmonotonic-subscription", lambda: self._order_json(
+                                "subscription", topic, part, sub, None, e, d, source))
+                lo = local.get(fk)
+                if lo is not None and not exclusive and i < lo[0]:
+                    e = lo[1]
+                    add("nonmonotonic-key", lambda: self._order_json(
+                        "key", topic, part, sub, key, e, d, source))
+                if lo is None or i > lo[0]:
+                    local[fk] = (i, d)
+            for fk, (i, d) in local.items():
+                fr = fronts.get(fk)
+                if fr is None:
+                    fronts[fk] = [[t_done], [i], [d]]
+                elif i > fr[1][-1]:
+                    fr[0].append(t_done)
+                    fr[1].append(i)
+                    fr[2].append(d)
+                else:
+                    fr[0].append(t_done)
+                    fr[1].append(fr[1][-1])
+                    fr[2].append(fr[2][-1])
+        # poll-skip: a gap that holds a message the subscription never received
+        for sk, a, b in gaps:
+            mk = marks[sk]
+            lo, hi = a[0] + 1, b[0]
+            if mk.find(0, lo, hi) < 0:
+                continue
+            topic, sub, part = sk
+            src, _, vals = orders[topic]
+            missed = [vals[part][x] for x in range(lo, hi) if not mk[x]]
+            add("poll-skip", lambda: dict(self._order_json("consumer", topic, part, sub, None, a, b, src),
+                                          skipped=len(missed), skipped_values=[_jsonable(x) for x in missed[:10]]))
+        # key-overlap: B's receive of b (key k) completed before A's receive of an earlier a (key k)
+        for (sk, key), ov in overlap.items():
+            ov.sort(key=lambda x: -x[1])            # latest completion first
+            best1 = best2 = None                    # lowest index among later completions, 2 processes
+            k = 0
+            while k < len(ov):
+                t = ov[k][1]
+                group = []
+                while k < len(ov) and ov[k][1] == t:
+                    group.append(ov[k])
+                    k += 1
+                for e in group:                     # e is B: compare with receives completed later
+                    cand = best1 if best1 is not None and best1[2] != e[2] else best2
+                    if cand is not None and cand[4][0] < e[5][0]:
+                        a = cand
+                        add("key-overlap", lambda: {
+                            "topic": sk[0], "partition": sk[2], "subscription": sk[1], "key": _jsonable(key),
+                            "first": self._overlap_json(a, a[4]), "second": self._overlap_json(e, e[5])})
+                for e in group:
+                    if best1 is None or e[4][0] < best1[4][0]:
+                        if best1 is not None and best1[2] != e[2]:
+                            best2 = best1
+                        best1 = e
+                    elif e[2] != best1[2] and (best2 is None or e[4][0] < best2[4][0]):
+                        best2 = e
+        st.update(deliveries=n, first_deliveries=first_n, redeliveries=redeliv_n, not_in_log=unplaced,
+                  consumers=len(users), keys=len(overlap))
+
+    def _order_json(self, scope: str, topic: str, part: int, sub: Any, key: Any,
+                    a: tuple[int, Op, int, Any, int], b: tuple[int, Op, int, Any, int],
+                    source: str) -> dict[str, Any]:
+        out = {"topic": topic, "partition": part, "subscription": sub}
+        if scope == "key":
+            out["key"] = _jsonable(key)
+        if scope == "consumer":
+            out["consumer"] = b[1].process
+            out["previous"], out["next"] = self._deliv_json(a), self._deliv_json(b)
+        else:
+            out["earlier"], out["later"] = self._deliv_json(a), self._deliv_json(b)
+        out["log_order"] = source
+        return out
+
+    def _deliv_json(self, d: tuple[int, Op, int, Any, int]) -> dict[str, Any]:
+        i, op, j, v, rc = d
+        m = _msg_at(op, j)
+        return {"value": _jsonable(v), "log_index": i,
+                "message_id": _mid_json(_mid(m.get("message_id"))) if isinstance(m, dict) else None,
+                "redelivery_count": rc, "op": self._ref(op), "slot": j}
+
+    def _overlap_json(self, e: list[Any], d: tuple[int, int, Any]) -> dict[str, Any]:
+        t_inv, t_done, proc, op = e[:4]
+        i, j, v = d
+        return {"consumer": proc, "value": _jsonable(v), "log_index": i, "slot": j, "op": self._ref(op),
+                "invoke_s": round(t_inv / 1e9, 6), "complete_s": round(t_done / 1e9, 6)}
+
     # ---------------------------------------------------------------------------------- evidence
 
     def _index(self, op: Op) -> int:
@@ -459,7 +942,7 @@ class _LogCheck:
         return r
 
     def _send_json(self, rec: list[Any]) -> dict[str, Any]:
-        inv, comp = rec
+        inv, comp = rec[0], rec[1]
         out = {"topic": inv.key, "value": _jsonable(_norm(inv.value)),
                "outcome": comp.type if comp is not None else None,
                "message_id": _mid_json(_mid(comp.message_id)) if comp is not None else None,
@@ -469,17 +952,39 @@ class _LogCheck:
                               if comp is not None and inv.type == INVOKE else None)}
         return out
 
+    def _send_rec(self, topic: str, v: Any) -> list[Any] | None:
+        by_v = self.sends.get(topic)
+        return by_v.get(v) if by_v is not None else None
+
+    @staticmethod
+    def _obs_mid(obs: Obs) -> tuple[int, int, int, int] | None:
+        src, op, slot = obs
+        if slot < 0:
+            return _mid(op.message_id)
+        m = _msg_at(op, slot)
+        return _mid(m.get("message_id")) if isinstance(m, dict) else None
+
     def _obs_json(self, topic: str, v: Any, obs: Obs) -> dict[str, Any]:
-        src, op, mid, slot = obs
-        out = {"source": src, "value": _jsonable(v), "message_id": _mid_json(mid), "op": self._ref(op)}
+        src, op, slot = obs
+        out = {"source": src, "value": _jsonable(v), "message_id": _mid_json(self._obs_mid(obs)),
+               "op": self._ref(op)}
         if src == "send":
-            rec = self.sends.get((topic, v))
+            rec = self._send_rec(topic, v)
             out["invoke"] = self._ref(rec[0]) if rec is not None and rec[0].type == INVOKE else None
         else:
             out["slot"] = slot
         return out
 
     # ------------------------------------------------------------------------------------ verdict
+
+    def _invalid_types(self) -> set[str]:
+        inv = self.o.get("invalid")
+        if inv is not None:
+            return set(inv)
+        out = set(INVALID_BY_DEFAULT)
+        for t in {self.sub_default, *self.sub_types.values()}:
+            out.update(INVALID_BY_SUBSCRIPTION[t])
+        return out
 
     def result(self) -> CheckResult:
         cap = self.o.get("max_anomalies")
@@ -513,82 +1018,91 @@ class _LogCheck:
 
         info_sends = {"total": 0, "found": 0, "not_found": 0, "unknown": 0}
         lost_by_topic: dict[str, int] = {}
-        for (topic, v), rec in self.sends.items():
-            inv, comp = rec
-            t = comp.type if comp is not None else None
-            seen = self.vpos.get((topic, v))
-            if t == OK:
-                if topic in complete:
-                    missing = [op for op, vals, _ in self.reads[topic] if v not in vals]
-                    if missing:
-                        lost_by_topic[topic] = lost_by_topic.get(topic, 0) + 1
-                        add("lost", lambda: {
-                            "topic": topic, "value": _jsonable(v),
-                            "message_id": _mid_json(_mid(comp.message_id)),
-                            "send": self._send_json(rec),
-                            "missing_from_reads": [self._ref(op) for op in missing],
-                            "read_by": (self._obs_json(topic, v, seen[1]) if seen is not None else None),
-                            "received_during_run": (self._obs_json(topic, v, self.recv_first[(topic, v)])
-                                                    if (topic, v) in self.recv_first else None)})
-                    elif topic in self.recv_topics and (topic, v) not in self.recv_first:
-                        add("unseen", lambda: {"topic": topic, "value": _jsonable(v),
-                                               "message_id": _mid_json(_mid(comp.message_id)),
-                                               "send": self._send_json(rec)})
-                m = _mid(comp.message_id)
-                if m is not None and seen is not None and seen[0] is not None:
-                    b = m[3]
-                    pk = (topic, m[0], m[1], b if b > 0 else 0)
-                    at = self.dups.get((topic, v)) or {seen[0]: seen[1]}
-                    if pk not in at and pk not in self.conflicts:
-                        add("misplaced", lambda: {
-                            "topic": topic, "value": _jsonable(v), "acked_message_id": _mid_json(m),
-                            "read_message_ids": [_mid_json(o[2]) for o in at.values()],
-                            "send": self._send_json(rec),
-                            "observations": [self._obs_json(topic, v, o) for o in at.values()]})
-            elif t == FAIL:
-                if seen is not None:
-                    add("aborted-read", lambda: {"topic": topic, "value": _jsonable(v),
-                                                 "send": self._send_json(rec),
-                                                 "observation": self._obs_json(topic, v, seen[1])})
-            else:                                         # info, or never completed
-                info_sends["total"] += 1
-                if seen is not None:
-                    info_sends["found"] += 1
-                elif topic in complete:
-                    info_sends["not_found"] += 1
-                else:
-                    info_sends["unknown"] += 1
+        no_vpos: dict[Any, tuple[Any, Obs]] = {}
+        no_first: dict[Any, Obs] = {}
+        for topic, by_v in self.sends.items():
+            vpos_t = self.vpos.get(topic, no_vpos)
+            first_t = self.recv_first.get(topic, no_first)
+            reads = self.reads.get(topic) if topic in complete else None
+            recv = topic in self.recv_topics
+            for v, rec in by_v.items():
+                comp = rec[1]
+                t = comp.type if comp is not None else None
+                seen = vpos_t.get(v)
+                if t == OK:
+                    if reads is not None:
+                        missing = [rd[0] for rd in reads if v not in rd[1]]
+                        if missing:
+                            lost_by_topic[topic] = lost_by_topic.get(topic, 0) + 1
+                            add("lost", lambda: {
+                                "topic": topic, "value": _jsonable(v),
+                                "message_id": _mid_json(_mid(comp.message_id)),
+                                "send": self._send_json(rec),
+                                "missing_from_reads": [self._ref(op) for op in missing],
+                                "read_by": (self._obs_json(topic, v, seen[1]) if seen is not None else None),
+                                "received_during_run": (self._obs_json(topic, v, first_t[v])
+                                                        if v in first_t else None)})
+                        elif recv and v not in first_t:
+                            add("unseen", lambda: {"topic": topic, "value": _jsonable(v),
+                                                   "message_id": _mid_json(_mid(comp.message_id)),
+                                                   "send": self._send_json(rec)})
+                    pk = rec[2]
+                    if pk is not None and seen is not None and seen[0] is not None and seen[0] != pk:
+                        at = self.dups.get((topic, v)) or {seen[0]: seen[1]}
+                        if pk not in at and (topic, pk) not in self.conflicts:
+                            add("misplaced", lambda: {
+                                "topic": topic, "value": _jsonable(v),
+                                "acked_message_id": _mid_json(_mid(comp.message_id)),
+                                "read_message_ids": [_mid_json(self._obs_mid(o)) for o in at.values()],
+                                "send": self._send_json(rec),
+                                "observations": [self._obs_json(topic, v, o) for o in at.values()]})
+                elif t == FAIL:
+                    if seen is not None:
+                        add("aborted-read", lambda: {"topic": topic, "value": _jsonable(v),
+                                                     "send": self._send_json(rec),
+                                                     "observation": self._obs_json(topic, v, seen[1])})
+                else:                                         # info, or never completed
+                    info_sends["total"] += 1
+                    if seen is not None:
+                        info_sends["found"] += 1
+                    elif topic in complete:
+                        info_sends["not_found"] += 1
+                    else:
+                        info_sends["unknown"] += 1
 
         # values read that no send to that topic ever attempted
         sent_to: dict[Any, list[str]] | None = None
-        for (topic, v), (pk, obs) in self.vpos.items():
-            if (topic, v) in self.sends:
-                continue
-            if sent_to is None:
-                sent_to = {}
-                for (t2, v2) in self.sends:
-                    sent_to.setdefault(v2, []).append(t2)
-            add("unexpected", lambda: {"topic": topic, "value": _jsonable(v),
-                                       "message_id": _mid_json(obs[2]),
-                                       "observation": self._obs_json(topic, v, obs),
-                                       "sent_to_topics": sent_to.get(v, [])})
+        no_sends: dict[Any, list[Any]] = {}
+        for topic, vpos_t in self.vpos.items():
+            by_v = self.sends.get(topic, no_sends)
+            for v, (pk, obs) in vpos_t.items():
+                if v in by_v:
+                    continue
+                if sent_to is None:
+                    sent_to = {}
+                    for t2, d2 in self.sends.items():
+                        for v2 in d2:
+                            sent_to.setdefault(v2, []).append(t2)
+                add("unexpected", lambda: {"topic": topic, "value": _jsonable(v),
+                                           "message_id": _mid_json(self._obs_mid(obs)),
+                                           "observation": self._obs_json(topic, v, obs),
+                                           "sent_to_topics": sent_to.get(v, [])})
 
-        for pk, by_value in self.conflicts.items():
-            topic = pk[0]
+        for (topic, pk), by_value in self.conflicts.items():
             obs_list = list(by_value.items())
             add("divergence", lambda: {
                 "topic": topic,
-                "message_id": _mid_json(obs_list[0][1][2]),
+                "message_id": _mid_json(self._obs_mid(obs_list[0][1])),
                 "values": [_jsonable(v) for v, _ in obs_list],
                 "sources": sorted({o[0] for _, o in obs_list}),
                 "observations": [self._obs_json(topic, v, o) for v, o in obs_list]})
 
         for (topic, v), by_pos in self.dups.items():
             obs_list = list(by_pos.values())
-            rec = self.sends.get((topic, v))
+            rec = self._send_rec(topic, v)
             add("duplicate", lambda: {
                 "topic": topic, "value": _jsonable(v),
-                "message_ids": [_mid_json(o[2]) for o in obs_list],
+                "message_ids": [_mid_json(self._obs_mid(o)) for o in obs_list],
                 "observations": [self._obs_json(topic, v, o) for o in obs_list],
                 "send": self._send_json(rec) if rec is not None else None})
 
@@ -601,8 +1115,12 @@ class _LogCheck:
         for a in self.nonmono_read:
             add("nonmonotonic-read", lambda: a)
 
+        for kind, n in self.ocounts.items():
+            counts[kind] = n
+            found[kind] = self.ofound[kind]
+
         anomalies = {k: v for k, v in found.items() if counts[k]}
-        invalid_types = set(self.o.get("invalid") or ())
+        invalid_types = self._invalid_types()
         if any(counts.get(k) for k in invalid_types):
             valid: bool | str = False
         elif incomplete:
@@ -621,6 +1139,7 @@ class _LogCheck:
         stats["final_reads"] = final
         stats["incomplete_topics"] = incomplete
         stats["info_sends"] = info_sends
+        stats["consumer_order"] = self.order_stats
         for topic, d in stats["topics"].items():
             d["lost"] = lost_by_topic.get(topic, 0)
             d["final_read"] = final.get(topic, {}).get("status", "missing")
@@ -635,17 +1154,21 @@ class _LogCheck:
         for (f, t), n in sorted(self.counts.items()):
             ops.setdefault(f, {})[t] = n
 
-        ok_lat = sorted(l for _, l, t in self.lat if t == OK)
+        ok_lat = sorted(self.ok_lat)
         ms = [x / 1e6 for x in ok_lat]
         latency = {"count": len(ms), "p50": _r(_pct(ms, 0.50)), "p95": _r(_pct(ms, 0.95)),
                    "p99": _r(_pct(ms, 0.99)), "max": _r(ms[-1] if ms else None),
                    "mean": _r(sum(ms) / len(ms) if ms else None)}
 
         # the window the sends ran in, and its buckets
-        send_times = [i for i, _, _ in self.lat] + self.ok_done
-        if send_times:
-            w0, w1 = min(send_times), max(max(send_times), max(i + l for i, l, _ in self.lat)
-                                          if self.lat else 0)
+        other_inv = [i for i, _, _ in self.other_lat]
+        any_sends = bool(self.ok_inv or other_inv or self.ok_done)
+        if any_sends:
+            w0 = min(min(self.ok_inv, default=math.inf), min(other_inv, default=math.inf),
+                     min(self.ok_done, default=math.inf))
+            w1 = max(max(self.ok_inv, default=0), max(other_inv, default=0), max(self.ok_done, default=0),
+                     max(map(int.__add__, self.ok_inv, self.ok_lat), default=0),
+                     max((i + l for i, l, _ in self.other_lat), default=0))
         else:
             w0 = w1 = 0
         span_s = (w1 - w0) / 1e9
@@ -656,14 +1179,16 @@ class _LogCheck:
         start_s = math.floor(w0 / 1e9 / bucket_s) * bucket_s
         b_ns = bucket_s * 1e9
         s_ns = start_s * 1e9
-        nb = int((w1 - s_ns) // b_ns) + 1 if send_times else 0
+        nb = int((w1 - s_ns) // b_ns) + 1 if any_sends else 0
         per = [0] * nb
-        for t in self.ok_done:
-            per[min(nb - 1, max(0, int((t - s_ns) // b_ns)))] += 1
+        top = nb - 1
+        for t in self.ok_done:             # every time lies in [w0, w1], so the index is in range
+            b = int((t - s_ns) // b_ns)
+            per[b if 0 <= b <= top else (0 if b < 0 else top)] += 1
         lat_b: list[list[int]] = [[] for _ in range(nb)]
-        for i, l, t in self.lat:
-            if t == OK:
-                lat_b[min(nb - 1, max(0, int((i - s_ns) // b_ns)))].append(l)
+        for i, l in zip(self.ok_inv, self.ok_lat):
+            b = int((i - s_ns) // b_ns)
+            lat_b[b if 0 <= b <= top else (0 if b < 0 else top)].append(l)
         p50, p99, mx = [], [], []
         for b in lat_b:
             b.sort()
@@ -699,11 +1224,14 @@ class _LogCheck:
         faults += [[_r(p[0] / 1e9), _r(self.t_max / 1e9), p[2], _jsonable(p[3])] for p in open_at_end]
         faults.sort(key=lambda p: (p[0], p[1]))
 
-        sends = {"attempted": len(self.sends) + self.reused_values, "ok": 0, "fail": 0, "info": 0,
+        sends = {"attempted": 0, "ok": 0, "fail": 0, "info": 0,
                  "unfinished": 0, "ok_without_message_id": self.ok_without_id,
                  "reused_values": self.reused_values}
-        for inv, comp in self.sends.values():
-            sends[comp.type if comp is not None else "unfinished"] += 1
+        for by_v in self.sends.values():
+            for rec in by_v.values():
+                comp = rec[1]
+                sends[comp.type if comp is not None else "unfinished"] += 1
+        sends["attempted"] = sum(len(by_v) for by_v in self.sends.values()) + self.reused_values
         topics = {t: {"sends": st[0], "ok": st[1], "fail": st[2], "info": st[3]}
                   for t, st in sorted(self.send_topics.items(), key=lambda x: str(x[0]))}
 
@@ -730,18 +1258,15 @@ class _LogCheck:
     def _points(self) -> list[list[Any]]:
         """(invoke time s, latency ms, type) of sends, at most max_points, every fail/info kept first."""
         budget = int(self.o.get("max_points") or 2000)
-        ok = [x for x in self.lat if x[2] == OK]
-        other = [x for x in self.lat if x[2] != OK]
-
-        def sample(xs: list, n: int) -> list:
-            if len(xs) <= n:
-                return xs
+        def sample(n_all: int, n: int) -> list[int]:
+            if n_all <= n:
+                return list(range(n_all))
             if n <= 0:
                 return []
-            step = len(xs) / n
-            return [xs[int(i * step)] for i in range(n)]
+            step = n_all / n
+            return [int(i * step) for i in range(n)]
 
-        other = sample(other, budget // 2)
-        ok = sample(ok, budget - len(other))
+        other = [self.other_lat[i] for i in sample(len(self.other_lat), budget // 2)]
+        ok = [(self.ok_inv[i], self.ok_lat[i], OK) for i in sample(len(self.ok_inv), budget - len(other))]
         pts = sorted(ok + other)
         return [[_r(i / 1e9), _r(l / 1e6), t] for i, l, t in pts]

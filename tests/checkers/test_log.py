@@ -6,7 +6,7 @@ import json
 import pytest
 
 from checkers import CHECKERS
-from checkers.log import check
+from checkers.log import INVALID_BY_DEFAULT, check
 from harness.history import MessageId, Op
 
 MS = 1_000_000
@@ -481,6 +481,9 @@ ANOMALOUS_SHAPES = {
     "misplaced": {"topic", "value", "acked_message_id", "read_message_ids", "send", "observations"},
     "nonmonotonic-read": {"topic", "partition", "read", "previous", "next"},
     "unseen": {"topic", "value", "message_id", "send"},
+    "nonmonotonic-poll": {"topic", "partition", "subscription", "consumer", "previous", "next", "log_order"},
+    "poll-skip": {"topic", "partition", "subscription", "consumer", "previous", "next", "log_order",
+                  "skipped", "skipped_values"},
 }
 
 
@@ -496,6 +499,7 @@ def test_every_anomaly_type_has_its_documented_shape_and_serializes():
     h.receive(5, [(2, (3, 7))])                           # duplicate of 2
     h.read([(2, (3, 4)), (1, (3, 5)), (77, (3, 6)), (4, (3, 8)), (5, (3, 10)), (6, (3, 11)),
             (9, (3, 1))])                                 # 77 unexpected + divergence; 9 goes back
+    # and the consumer went back from 1 to 2 (nonmonotonic-poll), then past 77 and 4 (poll-skip)
     r = check(h.ops)
     assert r.valid is False
     assert set(r.anomalies) == set(ANOMALOUS_SHAPES)
@@ -564,3 +568,332 @@ def test_malformed_deliveries_are_counted_not_fatal():
     r = check(h.ops)
     assert r.valid is True
     assert r.stats["history"]["malformed"] == 2
+
+
+# ------------------------------------------------------------------- consumer order (Kafka taxonomy)
+
+def kmsg(value, entry, key=None, redelivery=0, ledger=3, partition=-1, sub=None) -> dict:
+    """A delivered message at (ledger, entry) with an optional key and subscription."""
+    d = msg(value, (ledger, entry, -1, partition), redelivery)
+    if key is not None:
+        d["key"] = key
+    if sub is not None:
+        d["subscription"] = sub
+    return d
+
+
+def deliver(h: H, p: int, msgs: list[dict], topic="t", at_ms=None, done_ms=None, f="receive") -> Op:
+    """One receive of ready-made messages, invoked at at_ms and completed at done_ms when given."""
+    h.add(Op(process=p, type="invoke", f=f, key=topic), at_ms)
+    return h.add(Op(process=p, type="ok", f=f, key=topic, value=msgs, node="broker-1"), done_ms)
+
+
+def log_of(h: H, n: int, topic="t") -> None:
+    """n acknowledged sends 1..n at (3, 0..n-1)."""
+    for v in range(1, n + 1):
+        h.send(0, v, (3, v - 1), topic=topic)
+
+
+def final(h: H, n: int, topic="t") -> Op:
+    """The final read of log_of's n values, in order."""
+    return h.read([(v, (3, v - 1)) for v in range(1, n + 1)], topic=topic)
+
+
+def kinds(r) -> set[str]:
+    return set(r.anomalies)
+
+
+def test_consumer_going_forward_with_a_rewind_is_clean():
+    h = H()
+    log_of(h, 6)
+    deliver(h, 5, [kmsg(1, 0), kmsg(2, 1), kmsg(3, 2)])
+    # a reconnect replays 2 and 3 (unacknowledged); the first replays with redelivery count 0
+    # (a new owner does not know the count), then the stream goes on from there
+    deliver(h, 5, [kmsg(2, 1), kmsg(3, 2, redelivery=1), kmsg(4, 3)])
+    deliver(h, 5, [kmsg(5, 4), kmsg(6, 5)])
+    final(h, 6)
+    r = check(h.ops)
+    assert r.valid is True and r.anomalies == {}, r.anomalies
+    co = r.stats["consumer_order"]
+    assert co["log_order"] == {"t": "final-read"} and co["subscription_types"] == {"t": "Exclusive"}
+    assert co["deliveries"] == 8 and co["first_deliveries"] == 6 and co["redeliveries"] == 2
+    assert r.stats["invalid_types"] == sorted(set(INVALID_BY_DEFAULT) | {
+        "nonmonotonic-poll", "poll-skip", "nonmonotonic-subscription"})
+
+
+def test_nonmonotonic_poll_and_a_redelivery_that_is_not():
+    h = H()
+    log_of(h, 4)
+    deliver(h, 5, [kmsg(1, 0), kmsg(2, 1), kmsg(4, 3)])
+    back = deliver(h, 5, [kmsg(3, 2)])                        # first delivery of 3, after 4
+    final(h, 4)
+    r = check(h.ops)
+    assert r.valid is False
+    [a] = r.anomalies["nonmonotonic-poll"]
+    assert a["consumer"] == 5 and a["topic"] == "t" and a["subscription"] == ""
+    assert (a["previous"]["value"], a["previous"]["log_index"]) == (4, 3)
+    assert (a["next"]["value"], a["next"]["log_index"]) == (3, 2)
+    assert a["next"]["op"]["index"] == back.index and a["next"]["message_id"]["entry_id"] == 2
+    assert "poll-skip" not in r.anomalies                     # 3 did reach the subscription
+    serializable(r)
+    # the same history where 3 comes back as a redelivery: allowed
+    h2 = H()
+    log_of(h2, 4)
+    deliver(h2, 5, [kmsg(1, 0), kmsg(2, 1), kmsg(4, 3)])
+    deliver(h2, 5, [kmsg(3, 2, redelivery=1)])
+    final(h2, 4)
+    r2 = check(h2.ops)
+    assert r2.valid is True and r2.anomalies == {}, r2.anomalies
+
+
+def test_poll_skip_only_when_the_subscription_never_got_it():
+    h = H()
+    log_of(h, 5)
+    a = deliver(h, 5, [kmsg(1, 0), kmsg(2, 1)])
+    b = deliver(h, 5, [kmsg(4, 3), kmsg(5, 4)])               # 3 never delivered to anyone
+    final(h, 5)
+    r = check(h.ops)
+    assert r.valid is False
+    [s] = r.anomalies["poll-skip"]
+    assert s["skipped"] == 1 and s["skipped_values"] == [3]
+    assert s["previous"]["value"] == 2 and s["previous"]["op"]["index"] == a.index
+    assert s["next"]["value"] == 4 and s["next"]["op"]["index"] == b.index
+    assert [u["value"] for u in r.anomalies["unseen"]] == [3]
+    # Failover: another consumer got 3 while process 5 was not the active one -> no skip
+    h2 = H()
+    log_of(h2, 5)
+    deliver(h2, 5, [kmsg(1, 0), kmsg(2, 1)])
+    deliver(h2, 6, [kmsg(3, 2)])
+    deliver(h2, 5, [kmsg(4, 3), kmsg(5, 4)])
+    final(h2, 5)
+    r2 = check(h2.ops, {"subscription_type": "Failover"})
+    assert r2.valid is True and r2.anomalies == {}, r2.anomalies
+    # ... and a Shared subscription makes no order claim at all
+    r3 = check(h.ops, {"subscription_type": "Shared"})
+    assert "poll-skip" not in r3.anomalies and r3.valid is True
+    assert r3.stats["consumer_order"]["log_order"] == {}
+
+
+def test_nonmonotonic_subscription_across_a_failover():
+    h = H()
+    log_of(h, 4)
+    a = deliver(h, 5, [kmsg(1, 0), kmsg(2, 1), kmsg(4, 3)], at_ms=100, done_ms=110)
+    b = deliver(h, 6, [kmsg(3, 2)], at_ms=120, done_ms=130)    # after A's receive ended: goes back
+    final(h, 4)
+    r = check(h.ops, {"subscription_type": "Failover"})
+    assert r.valid is False
+    [s] = r.anomalies["nonmonotonic-subscription"]
+    assert s["earlier"]["value"] == 4 and s["earlier"]["op"]["index"] == a.index
+    assert s["later"]["value"] == 3 and s["later"]["op"]["index"] == b.index
+    assert s["later"]["op"]["process"] == 6
+    assert "nonmonotonic-poll" not in r.anomalies and "poll-skip" not in r.anomalies
+    # concurrent receives (B invoked before A completed): their order is unknown, nothing reported
+    h2 = H()
+    log_of(h2, 4)
+    h2.add(Op(process=5, type="invoke", f="receive", key="t"), 100)
+    h2.add(Op(process=6, type="invoke", f="receive", key="t"), 105)
+    h2.add(Op(process=5, type="ok", f="receive", key="t", value=[kmsg(1, 0), kmsg(2, 1), kmsg(4, 3)]), 110)
+    h2.add(Op(process=6, type="ok", f="receive", key="t", value=[kmsg(3, 2)]), 130)
+    final(h2, 4)
+    r2 = check(h2.ops, {"subscription_type": "Failover"})
+    assert r2.valid is True and r2.anomalies == {}, r2.anomalies
+
+
+def key_log(h: H) -> None:
+    """1..6 alternating keys a, b: 1a 2b 3a 4b 5a 6b."""
+    log_of(h, 6)
+
+
+def K(v: int, **kw) -> dict:
+    return kmsg(v, v - 1, key="ab"[(v - 1) % 2], **kw)
+
+
+def test_key_shared_reorders_across_keys_but_not_within_one():
+    h = H()
+    key_log(h)
+    deliver(h, 5, [K(1), K(3)], at_ms=100, done_ms=110)
+    deliver(h, 6, [K(4)], at_ms=120, done_ms=130)              # b: 4 before 2
+    late = deliver(h, 6, [K(2)], at_ms=140, done_ms=150)
+    deliver(h, 5, [K(5)], at_ms=160, done_ms=170)
+    deliver(h, 6, [K(6)], at_ms=180, done_ms=190)
+    final(h, 6)
+    r = check(h.ops, {"subscription_type": "Key_Shared"})
+    assert r.valid is False
+    assert kinds(r) == {"nonmonotonic-key"}, r.anomalies
+    [a] = r.anomalies["nonmonotonic-key"]
+    assert a["key"] == "b" and a["earlier"]["value"] == 4 and a["later"]["value"] == 2
+    assert a["later"]["op"]["index"] == late.index
+    assert r.stats["consumer_order"]["keys"] == 2
+    # the same deliveries with b in order: each consumer skips the other's keys, nothing is reported
+    h2 = H()
+    key_log(h2)
+    deliver(h2, 5, [K(1), K(3)], at_ms=100, done_ms=110)
+    deliver(h2, 6, [K(2), K(4)], at_ms=120, done_ms=130)
+    deliver(h2, 5, [K(5)], at_ms=160, done_ms=170)
+    deliver(h2, 6, [K(6)], at_ms=180, done_ms=190)
+    final(h2, 6)
+    r2 = check(h2.ops, {"subscription_type": "key_shared"})      # spelling is forgiven
+    assert r2.valid is True and r2.anomalies == {}, r2.anomalies
+    assert "poll-skip" not in r2.stats["invalid_types"] and "key-overlap" in r2.stats["invalid_types"]
+    # under Exclusive the same history goes back in the subscription (4 was out before 2 came)
+    assert set(check(h2.ops).anomalies) == {"nonmonotonic-subscription"}
+
+
+def test_nonmonotonic_key_inside_one_receive_and_redelivery_allowed():
+    h = H()
+    key_log(h)
+    deliver(h, 5, [K(3), K(1)])                                   # a: 3 then 1 in one receive
+    final(h, 6)
+    r = check(h.ops, {"subscription_type": "Key_Shared"})
+    [a] = r.anomalies["nonmonotonic-key"]
+    assert (a["earlier"]["value"], a["later"]["value"]) == (3, 1) and a["key"] == "a"
+    h2 = H()
+    key_log(h2)
+    deliver(h2, 5, [K(1), K(3)])
+    deliver(h2, 6, [K(1, redelivery=1), K(5)])                    # consumer 5 left; 1 comes again
+    final(h2, 6)
+    r2 = check(h2.ops, {"subscription_type": "Key_Shared"})
+    assert "nonmonotonic-key" not in r2.anomalies and "key-overlap" not in r2.anomalies
+
+
+def test_key_overlap_when_one_receive_runs_inside_another():
+    h = H()
+    key_log(h)
+    a = deliver(h, 5, [K(1)], at_ms=100, done_ms=200)
+    h.add(Op(process=6, type="invoke", f="receive", key="t"), 120)
+    b = h.add(Op(process=6, type="ok", f="receive", key="t", value=[K(3)]), 150)   # a, inside A's receive
+    h.ops.sort(key=lambda op: op.time_ns)
+    for i, op in enumerate(h.ops):
+        op.index = i
+    final(h, 6)
+    r = check(h.ops, {"subscription_type": "Key_Shared"})
+    assert r.valid is False
+    [o] = r.anomalies["key-overlap"]
+    assert o["key"] == "a" and o["first"]["consumer"] == 5 and o["second"]["consumer"] == 6
+    assert o["first"]["value"] == 1 and o["second"]["value"] == 3
+    assert (o["first"]["log_index"], o["second"]["log_index"]) == (0, 2)
+    assert o["first"]["op"]["index"] == a.index and o["second"]["op"]["index"] == b.index
+    assert o["second"]["complete_s"] < o["first"]["complete_s"]
+    serializable(r)
+
+
+def test_no_key_overlap_when_the_second_receive_outlasts_the_first_or_keys_differ():
+    def run(b_key_value: int, b_done_ms: float, a_value: int = 1):
+        h = H()
+        key_log(h)
+        h.add(Op(process=5, type="invoke", f="receive", key="t"), 100)
+        h.add(Op(process=6, type="invoke", f="receive", key="t"), 120)
+        ops = [(200, Op(process=5, type="ok", f="receive", key="t", value=[K(a_value)])),
+               (b_done_ms, Op(process=6, type="ok", f="receive", key="t", value=[K(b_key_value)]))]
+        for t, op in sorted(ops, key=lambda x: x[0]):
+            h.add(op, t)
+        final(h, 6)
+        return check(h.ops, {"subscription_type": "Key_Shared"})
+    assert "key-overlap" not in run(3, 250).anomalies  # B was still waiting when A acknowledged
+    assert "key-overlap" not in run(2, 150).anomalies  # key b: no claim between different keys
+    # A, waiting in its receive, got 3 only after B had 1 and acknowledged it (a rebalance moved
+    # key a): B's receive ran inside A's, yet the key was never held twice
+    assert "key-overlap" not in run(1, 150, a_value=3).anomalies
+    r = run(3, 150)                                    # the positive control of the same shape
+    assert "key-overlap" in r.anomalies and r.valid is False
+    assert run(3, 250).valid is True and run(2, 150).valid is True
+
+
+def test_order_checks_without_a_final_read_use_positions():
+    h = H()
+    log_of(h, 4)
+    deliver(h, 5, [kmsg(1, 0), kmsg(3, 2)])
+    deliver(h, 5, [kmsg(4, 3)])
+    r = check(h.ops)                       # no final read: the positions known give the order
+    assert r.valid is False                # invalid beats unknown (the final read is missing)
+    assert r.stats["incomplete_topics"] == ["t"]
+    assert r.stats["consumer_order"]["log_order"] == {"t": "positions"}
+    [s] = r.anomalies["poll-skip"]
+    assert s["skipped_values"] == [2] and s["log_order"] == "positions"
+
+
+def test_partitions_are_separate_logs():
+    h = H()
+    # partition 0 holds 1, 3; partition 1 holds 2, 4; the final read interleaves them
+    for v, part, entry in ((1, 0, 0), (2, 1, 0), (3, 0, 1), (4, 1, 1)):
+        h.send(0, v, (10 + part, entry, -1, part))
+    deliver(h, 5, [kmsg(1, 0, ledger=10, partition=0), kmsg(3, 1, ledger=10, partition=0)])
+    deliver(h, 5, [kmsg(2, 0, ledger=11, partition=1), kmsg(4, 1, ledger=11, partition=1)])
+    h.read([(1, (10, 0, -1, 0)), (2, (11, 0, -1, 1)), (3, (10, 1, -1, 0)), (4, (11, 1, -1, 1))])
+    r = check(h.ops)
+    assert r.valid is True and r.anomalies == {}, r.anomalies
+
+
+def test_subscriptions_are_separate_streams_and_drains_count_as_deliveries():
+    h = H()
+    log_of(h, 3)
+    deliver(h, 5, [kmsg(1, 0, sub="s1"), kmsg(2, 1, sub="s1"), kmsg(3, 2, sub="s1")])
+    deliver(h, 6, [kmsg(1, 0, sub="s2")])
+    deliver(h, 1_000_000, [kmsg(2, 1, sub="s2"), kmsg(3, 2, sub="s2")], f="drain")
+    final(h, 3)
+    r = check(h.ops)
+    assert r.valid is True and r.anomalies == {}, r.anomalies
+    assert r.stats["consumer_order"]["first_deliveries"] == 6
+    # a drain that went back is caught like any consumer
+    h2 = H()
+    log_of(h2, 3)
+    deliver(h2, 5, [kmsg(1, 0), kmsg(3, 2)])
+    deliver(h2, 1_000_000, [kmsg(2, 1)], f="drain")
+    final(h2, 3)
+    r2 = check(h2.ops, {"subscription_type": "Failover"})
+    assert [a["later"]["op"]["f"] for a in r2.anomalies["nonmonotonic-subscription"]] == ["drain"]
+
+
+def test_subscription_type_per_topic_and_explicit_invalid():
+    h = H()
+    log_of(h, 3, topic="t")
+    deliver(h, 5, [kmsg(1, 0), kmsg(3, 2)], topic="t")
+    final(h, 3, topic="t")
+    assert check(h.ops, {"subscription_type": {"t": "Shared"}}).valid is True
+    assert check(h.ops, {"subscription_type": {"*": "Failover"}}).valid is False
+    r = check(h.ops, {"invalid": ("lost",)})
+    assert "poll-skip" in r.anomalies and r.valid is True
+
+
+def test_unknown_subscription_type_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown subscription_type 'Exclusiv'; fix: use one of Exclusive"):
+        check([], {"subscription_type": "Exclusiv"})
+
+
+ORDER_SHAPES = {
+    "nonmonotonic-subscription": {"topic", "partition", "subscription", "earlier", "later", "log_order"},
+    "nonmonotonic-key": {"topic", "partition", "subscription", "key", "earlier", "later", "log_order"},
+    "key-overlap": {"topic", "partition", "subscription", "key", "first", "second"},
+}
+
+
+def timeline(h: H, receives: list[tuple[int, list[dict], float, float]]) -> None:
+    """Receives (process, messages, invoke ms, completion ms) added in time order."""
+    events = []
+    for p, msgs, t0, t1 in receives:
+        events.append((t0, Op(process=p, type="invoke", f="receive", key="t")))
+        events.append((t1, Op(process=p, type="ok", f="receive", key="t", value=msgs)))
+    for t, op in sorted(events, key=lambda e: e[0]):
+        h.add(op, t)
+
+
+def test_order_anomaly_shapes():
+    h = H()
+    key_log(h)
+    timeline(h, [(5, [K(1), K(5)], 100, 200), (6, [K(3)], 120, 150),     # a: 3 inside 5's receive
+                 (6, [K(4), K(6)], 300, 310), (6, [K(2)], 320, 330)])    # b: 2 after 4
+    final(h, 6)
+    r = check(h.ops, {"subscription_type": "Key_Shared"})
+    assert set(r.anomalies) == {"nonmonotonic-key", "key-overlap"}, r.anomalies
+    h2 = H()
+    log_of(h2, 3)
+    deliver(h2, 5, [kmsg(1, 0), kmsg(3, 2)])
+    deliver(h2, 6, [kmsg(2, 1)])
+    final(h2, 3)
+    r2 = check(h2.ops, {"subscription_type": "Failover"})
+    assert set(r2.anomalies) == {"nonmonotonic-subscription"}
+    for res in (r, r2):
+        for kind, entries in res.anomalies.items():
+            for e in entries:
+                assert set(e) == ORDER_SHAPES[kind], kind
+        serializable(res)
