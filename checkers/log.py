@@ -296,7 +296,29 @@ def _msg_at(op: Op, slot: int) -> Any:
 Obs = tuple[str, Op, int]
 
 
-class _LogCheck:
+class OpRefs:
+    """Evidence references to ops: index (found by identity when an op has none), time, process, f."""
+    h: list[Op]
+    _index_of: dict[int, int] | None = None
+
+    def _index(self, op: Op) -> int:
+        if op.index >= 0:
+            return op.index
+        if self._index_of is None:
+            self._index_of = {id(x): i for i, x in enumerate(self.h)}
+        return self._index_of.get(id(op), -1)
+
+    def _ref(self, op: Op | None) -> dict[str, Any] | None:
+        if op is None:
+            return None
+        r = {"index": self._index(op), "time_s": round(op.time_ns / 1e9, 6), "process": op.process,
+             "type": op.type, "f": op.f, "node": op.node or None}
+        if op.error:
+            r["error"] = op.error
+        return r
+
+
+class _LogCheck(OpRefs):
     def __init__(self, history: list[Op], opts: dict[str, Any]):
         self.h = history
         self.o = opts
@@ -924,22 +946,6 @@ class _LogCheck:
                 "invoke_s": round(t_inv / 1e9, 6), "complete_s": round(t_done / 1e9, 6)}
 
     # ---------------------------------------------------------------------------------- evidence
-
-    def _index(self, op: Op) -> int:
-        if op.index >= 0:
-            return op.index
-        if self._index_of is None:
-            self._index_of = {id(x): i for i, x in enumerate(self.h)}
-        return self._index_of.get(id(op), -1)
-
-    def _ref(self, op: Op | None) -> dict[str, Any] | None:
-        if op is None:
-            return None
-        r = {"index": self._index(op), "time_s": round(op.time_ns / 1e9, 6), "process": op.process,
-             "type": op.type, "f": op.f, "node": op.node or None}
-        if op.error:
-            r["error"] = op.error
-        return r
 
     def _send_json(self, rec: list[Any]) -> dict[str, Any]:
         inv, comp = rec[0], rec[1]

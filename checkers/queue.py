@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from checkers.log import _jsonable, _mid, _mid_json, _norm, _pk, gc_paused
+from checkers.log import OpRefs, _jsonable, _mid, _mid_json, _norm, _pk, gc_paused
 from harness.history import FAIL, INFO, INVOKE, NEMESIS_PROCESS, OK, CheckResult, Op
 
 ANOMALY_TYPES = ("lost", "unexpected", "duplicated", "recovered", "duplicate")
@@ -79,7 +79,7 @@ def invalid_types(opts: dict[str, Any]) -> set[str]:
 Deliv = tuple[Op, int, int]
 
 
-class _QueueCheck:
+class _QueueCheck(OpRefs):
     def __init__(self, history: list[Op], opts: dict[str, Any]):
         self.h = history
         self.o = opts
@@ -258,22 +258,6 @@ class _QueueCheck:
                 d[pk] = where
 
     # ---------------------------------------------------------------------------------- evidence
-
-    def _index(self, op: Op) -> int:
-        if op.index >= 0:
-            return op.index
-        if self._index_of is None:
-            self._index_of = {id(x): i for i, x in enumerate(self.h)}
-        return self._index_of.get(id(op), -1)
-
-    def _ref(self, op: Op | None) -> dict[str, Any] | None:
-        if op is None:
-            return None
-        r = {"index": self._index(op), "time_s": round(op.time_ns / 1e9, 6), "process": op.process,
-             "type": op.type, "f": op.f, "node": op.node or None}
-        if op.error:
-            r["error"] = op.error
-        return r
 
     def _enq_json(self, rec: list[Any]) -> dict[str, Any]:
         inv, comp, attempts = rec
