@@ -430,6 +430,64 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lin_args(p: argparse.ArgumentParser) -> None:
+    _strict_usage(p)
+    p.add_argument("file", metavar="FILE", help="a history: history.jsonl, Jepsen EDN (a map a line) or a Jepsen log")
+    p.add_argument("--model", required=True, metavar="MODEL",
+                   help="register, cas-register, kv, fifo-queue, set or mutex (aliases: queue, lease)")
+    p.add_argument("--format", default="auto", choices=("auto", "jsonl", "jepsen-edn", "jepsen-log"))
+    p.add_argument("--time-limit", type=float, default=None, metavar="S", help="give up (unknown) after S seconds")
+    p.add_argument("--max-cache", type=int, default=None, metavar="N",
+                   help="give up (unknown) past N cached configurations per key (default 2,000,000)")
+    p.add_argument("--independent", action="store_true", default=None,
+                   help="values are jepsen.independent [key value] tuples (detected when every op has one)")
+    p.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    p.add_argument("--out", metavar="FILE.html", default=None, help="write the counterexample diagram here if invalid")
+
+
+@command("lin", "check a history file for linearizability against a model (exit 0 valid, 1 invalid, "
+                "2 unknown, 254 bad input)", _lin_args)
+def _lin(args: argparse.Namespace) -> int:
+    from checkers import jepsen_format, linear, models
+    from harness.history import HistoryError
+    try:
+        model = models.get(args.model)
+        history = jepsen_format.read_history(args.file, args.format)
+    except (models.ModelError, HistoryError) as e:
+        _usage_error(f"{e}" + ("" if "fix:" in str(e) else " (fix: pick one of those models with --model)"))
+    opts: dict[str, Any] = {"model": model.name, "time_limit_s": args.time_limit, "independent": args.independent}
+    if args.max_cache is not None:
+        opts["max_cache"] = args.max_cache
+    r = linear.check(history, opts)
+    if r.stats.get("input_error"):
+        _usage_error(f"{args.file}: {r.stats['error']} (fix: check --model and --format)")
+    ces = r.anomalies.get(linear.ANOMALY, [])
+    if args.out and r.valid is False:
+        from harness import lin_diagram
+        try:
+            with open(args.out, "w", encoding="utf-8") as f:
+                f.write(lin_diagram.page(ces, f"{args.file}: not linearizable ({model.name})"))
+        except OSError as e:
+            _usage_error(f"{args.out}: cannot write the diagram ({e.strerror}) (fix: give a writable path)")
+    if args.json:
+        print(json.dumps(r.to_json(), indent=1, default=str))
+    else:
+        st = r.stats
+        n = st["ops"]
+        what = (f"{model.name}, {n['ok']} ok / {n['info'] + n['unfinished']} indeterminate ops, "
+                f"{st['partitions']} key{'s' if st['partitions'] != 1 else ''}, {st['seconds']} s")
+        if r.valid is True:
+            print(f"valid: linearizable ({what})")
+        elif r.valid is False:
+            ce = ces[0] if ces else {}
+            key = f"key {ce.get('key')!r}: " if st["partitions"] > 1 else ""
+            print(f"INVALID: not linearizable ({what}); {key}{ce.get('message', '')}"
+                  + (f"; diagram: {args.out}" if args.out else ""))
+        else:
+            print(f"unknown: {st.get('reason', 'the search did not finish')} ({what})")
+    return 0 if r.valid is True else 1 if r.valid is False else 2
+
+
 # ------------------------------------------------------------------------------------ plumbing
 
 def _add_subcommands(parser: argparse.ArgumentParser, registry: dict[str, Subcommand], dest: str) -> None:

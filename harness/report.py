@@ -1039,6 +1039,10 @@ def _section_anomalies(run: Run, used: set[str]) -> str:
                          f'{esc(ty)}: {n}</h4></summary>')
                 if isinstance(ev, list):
                     o.append(_evidence_table(ev) if ev else "<p>None.</p>")
+                    ces = [x for x in ev[:3] if isinstance(x, dict) and "prefix" in x and "cannot_place" in x]
+                    if ces:             # linearizability counterexamples: their diagrams (lin_diagram.py)
+                        from harness import lin_diagram
+                        o.extend(lin_diagram.fragment(x) for x in ces)
                 elif isinstance(ev, dict):
                     o.append(_stats_table(ev))
                 else:

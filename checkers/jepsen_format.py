@@ -1,0 +1,363 @@
+"""Histories from other tools as `Op` lists: our history.jsonl, Jepsen EDN lines, jepsen.util log lines.
+
+- `jsonl`: our own history (`harness.history.read_jsonl`).
+- `jepsen-edn`: one EDN map per line, as Jepsen's `history.edn`:
+  `{:process 0, :type :invoke, :f :read, :value nil}` (`:time` and `:index` are optional; newer
+  Jepsen writes `#jepsen.history.Op{...}` records, read the same way).
+- `jepsen-log`: the op lines of a Jepsen run's log, `INFO  jepsen.util - 3	:invoke	:cas	[1 4]`
+  (process, type, f, value and, optionally, an error, separated by tabs); every other line of the log
+  is skipped.
+
+Jepsen's text formats carry no usable clock, so line order is time: each op's `index` is its
+position among the ops read and `time_ns` stays 0 (the checker then orders ops by position). Nemesis ops (`:process :nemesis`) are skipped: the checkers
+here look at client ops only. Keywords become plain strings (`:read` -> "read"), vectors and lists
+Python lists, sets Python sets, maps dicts; `nil`, `true` and `false` None, True and False.
+
+A line that cannot be read is a `HistoryError` naming the file and the line number.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from harness.history import TYPES, HistoryError, Op, read_jsonl
+
+FORMATS = ("jsonl", "jepsen-edn", "jepsen-log")
+
+
+# ------------------------------------------------------------------------------------------ EDN
+
+class EdnError(ValueError):
+    pass
+
+
+class Keyword(str):
+    """An EDN keyword, kept apart from strings where it matters (process :nemesis); equal to its name."""
+    __slots__ = ()
+
+
+class Symbol(str):
+    __slots__ = ()
+
+
+_WS = " \t\r\n,"
+_DELIM = _WS + "()[]{}\";"
+_NUM = re.compile(r"[+-]?\d+(\.\d*)?([eE][+-]?\d+)?[NM]?$|[+-]?\d+/\d+$")
+_CHARS = {"newline": "\n", "space": " ", "tab": "\t", "return": "\r", "backspace": "\b", "formfeed": "\f"}
+_ESC = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\", "b": "\b", "f": "\f"}
+
+
+class _Reader:
+    """A recursive-descent reader for the EDN that Jepsen histories use."""
+
+    def __init__(self, text: str):
+        self.s = text
+        self.i = 0
+
+    def skip(self) -> None:
+        s, n = self.s, len(self.s)
+        while self.i < n:
+            c = s[self.i]
+            if c in _WS:
+                self.i += 1
+            elif c == ";":
+                while self.i < n and s[self.i] != "\n":
+                    self.i += 1
+            else:
+                break
+
+    def read(self) -> Any:
+        self.skip()
+        if self.i >= len(self.s):
+            raise EdnError("unexpected end of input")
+        c = self.s[self.i]
+        if c == "{":
+            self.i += 1
+            items = self.seq("}")
+            if len(items) % 2:
+                raise EdnError("a map needs an even number of forms")
+            return {_hashable(items[k]): items[k + 1] for k in range(0, len(items), 2)}
+        if c == "[":
+            self.i += 1
+            return self.seq("]")
+        if c == "(":
+            self.i += 1
+            return self.seq(")")
+        if c in ")]}":
+            raise EdnError(f"unexpected {c!r}")
+        if c == '"':
+            return self.string()
+        if c == "#":
+            nxt = self.s[self.i + 1:self.i + 2]
+            if nxt == "{":
+                self.i += 2
+                return {_hashable(x) for x in self.seq("}")}
+            if nxt == "_":
+                self.i += 2
+                self.read()                         # discarded form
+                return self.read()
+            self.i += 1
+            self.token()                            # a tag, e.g. #inst or #jepsen.history.Op
+            return self.read()
+        if c == "\\":
+            self.i += 1
+            t = self.token() or self.s[self.i:self.i + 1]
+            if not t:
+                raise EdnError("a character literal is cut off")
+            if t == self.s[self.i:self.i + 1]:
+                self.i += 1
+            return _CHARS.get(t, t[0] if len(t) == 1 else t)
+        t = self.token()
+        if not t:
+            raise EdnError(f"unexpected {c!r}")
+        return _atom(t)
+
+    def seq(self, close: str) -> list[Any]:
+        out = []
+        while True:
+            self.skip()
+            if self.i >= len(self.s):
+                raise EdnError(f"missing {close!r}")
+            if self.s[self.i] == close:
+                self.i += 1
+                return out
+            out.append(self.read())
+
+    def string(self) -> str:
+        s, n = self.s, len(self.s)
+        self.i += 1
+        out = []
+        while self.i < n:
+            c = s[self.i]
+            if c == '"':
+                self.i += 1
+                return "".join(out)
+            if c == "\\":
+                e = s[self.i + 1:self.i + 2]
+                if e == "u":
+                    try:
+                        out.append(chr(int(s[self.i + 2:self.i + 6], 16)))
+                    except ValueError:
+                        raise EdnError("a bad \\u escape in a string") from None
+                    self.i += 6
+                    continue
+                out.append(_ESC.get(e, e))
+                self.i += 2
+                continue
+            out.append(c)
+            self.i += 1
+        raise EdnError("a string is not closed")
+
+    def token(self) -> str:
+        s, n, j = self.s, len(self.s), self.i
+        while j < n and s[j] not in _DELIM:
+            j += 1
+        t = s[self.i:j]
+        self.i = j
+        return t
+
+
+def _atom(t: str) -> Any:
+    if t == "nil":
+        return None
+    if t == "true":
+        return True
+    if t == "false":
+        return False
+    if t.startswith(":"):
+        return Keyword(t[1:])
+    if _NUM.match(t):
+        if "/" in t:
+            a, b = t.split("/")
+            return int(a) / int(b)
+        t2 = t.rstrip("NM")
+        try:
+            return int(t2)
+        except ValueError:
+            return float(t2)
+    return Symbol(t)
+
+
+def _hashable(v: Any) -> Any:
+    if isinstance(v, list):
+        return tuple(_hashable(x) for x in v)
+    if isinstance(v, dict):
+        return tuple(sorted(((_hashable(k), _hashable(x)) for k, x in v.items()), key=repr))
+    if isinstance(v, set):
+        return frozenset(v)
+    return v
+
+
+def parse_edn(text: str) -> Any:
+    """The first EDN form in text; EdnError if it is malformed or followed by more forms."""
+    r = _Reader(text)
+    v = r.read()
+    r.skip()
+    if r.i < len(r.s):
+        raise EdnError(f"unexpected text after the form: {r.s[r.i:r.i + 20]!r}")
+    return v
+
+
+def _plain(v: Any) -> Any:
+    """EDN values as plain Python: keywords and symbols become str, tuples from map keys lists."""
+    if isinstance(v, (Keyword, Symbol)):
+        return str(v)
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    if isinstance(v, tuple):
+        return [_plain(x) for x in v]
+    if isinstance(v, (set, frozenset)):
+        return {_plain_key(x) for x in v}
+    if isinstance(v, dict):
+        return {_plain_key(k): _plain(x) for k, x in v.items()}
+    return v
+
+
+def _plain_key(v: Any) -> Any:
+    if isinstance(v, (Keyword, Symbol)):
+        return str(v)
+    if isinstance(v, (list, tuple)):
+        return tuple(_plain_key(x) for x in v)
+    return v
+
+
+# ------------------------------------------------------------------------------------------ ops
+
+def _op(process: Any, type_: Any, f: Any, value: Any, error: Any, where: str) -> Op | None:
+    """An Op from Jepsen fields; None for a nemesis op; EdnError if a field is wrong."""
+    if isinstance(process, Keyword) or isinstance(process, Symbol) or process is None:
+        if str(process) == "nemesis":
+            return None
+        raise EdnError(f":process {process!r} is neither an integer nor :nemesis")
+    if not isinstance(process, int) or isinstance(process, bool):
+        raise EdnError(f":process {process!r} is not an integer")
+    t = str(type_) if isinstance(type_, (Keyword, Symbol, str)) else None
+    if t not in TYPES:
+        raise EdnError(f":type {type_!r} is not one of :invoke, :ok, :fail, :info")
+    if f is None:
+        raise EdnError("the op has no :f")
+    err = "" if error is None else (str(error) if isinstance(error, (str, Keyword)) else repr(_plain(error)))
+    return Op(process=process, type=t, f=str(f), value=_plain(value), error=err)
+
+
+def read_edn(path: Path | str) -> list[Op]:
+    """Ops of a Jepsen EDN history (one map per line; blank lines and ;-comments skipped)."""
+    path = Path(path)
+    ops: list[Op] = []
+    for n, line in _lines(path):
+        s = line.strip()
+        if not s or s.startswith(";"):
+            continue
+        try:
+            d = parse_edn(s)
+            if not isinstance(d, dict):
+                raise EdnError("the line is not a map {...}")
+            op = _op(d.get("process"), d.get("type"), d.get("f"), d.get("value"), d.get("error"),
+                     f"{path}:{n}")
+        except EdnError as e:
+            raise HistoryError(f"{path}:{n}: not a Jepsen op ({e}); fix: give one EDN map per line, e.g. "
+                               f"{{:process 0, :type :invoke, :f :read, :value nil}}, or pick the right "
+                               f"--format") from None
+        if op is not None:
+            op.index = len(ops)          # no clock: list order is time
+            ops.append(op)
+    return ops
+
+
+_LOG = re.compile(r"jepsen\.util\s+-\s+(.*)$")
+
+
+def read_log(path: Path | str) -> list[Op]:
+    """Ops of the `jepsen.util` op lines of a Jepsen log (tab-separated); other lines are skipped."""
+    path = Path(path)
+    ops: list[Op] = []
+    for n, line in _lines(path):
+        m = _LOG.search(line.rstrip("\r\n"))
+        if not m:
+            continue
+        if "\t" not in m.group(1):
+            continue                                # a message of jepsen.util, not an op
+        fields = m.group(1).split("\t")
+        try:
+            if len(fields) < 3:
+                raise EdnError("expected process, type and f separated by tabs")
+            process = _atom(fields[0].strip())
+            type_ = _atom(fields[1].strip())
+            f = _atom(fields[2].strip())
+            value = parse_edn(fields[3]) if len(fields) > 3 and fields[3].strip() else None
+            error = "\t".join(fields[4:]).strip() or None
+            if error is not None:
+                try:
+                    error = parse_edn(error)            # Jepsen writes it with pr-str: :timeout, {...}
+                except EdnError:
+                    pass                                # or plain text
+            op = _op(process, type_, f, value, error, f"{path}:{n}")
+        except EdnError as e:
+            raise HistoryError(f"{path}:{n}: not a jepsen.util op line ({e}); fix: lines look like "
+                               f"'INFO  jepsen.util - 3<TAB>:invoke<TAB>:cas<TAB>[1 4]', or pick the right "
+                               f"--format") from None
+        if op is not None:
+            op.index = len(ops)          # no clock: list order is time
+            ops.append(op)
+    return ops
+
+
+def _lines(path: Path) -> list[tuple[int, str]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise HistoryError(f"{path}: no such file; fix: give the path of a history file") from None
+    except IsADirectoryError:
+        raise HistoryError(f"{path}: is a folder; fix: give the history file in it (history.jsonl, "
+                           f"history.edn or a jepsen.log)") from None
+    except OSError as e:
+        raise HistoryError(f"{path}: cannot read ({e.strerror}); fix: check the path and its "
+                           f"permissions") from None
+    except UnicodeDecodeError:
+        raise HistoryError(f"{path}: not UTF-8 text; fix: give a text history file") from None
+    return list(enumerate(text.split("\n"), start=1))
+
+
+def detect(path: Path | str) -> str:
+    """The format of a history file, from its name or its first op line."""
+    path = Path(path)
+    name = path.name.lower()
+    if name.endswith((".jsonl", ".json")):
+        return "jsonl"
+    if name.endswith(".edn"):
+        return "jepsen-edn"
+    for _, line in _lines(path)[:2000]:
+        s = line.strip()
+        if not s or s.startswith(";"):
+            continue
+        if _LOG.search(s):
+            return "jepsen-log"
+        if s.startswith("{") and '"type"' in s:
+            return "jsonl"
+        if s.startswith("{") or s.startswith("#jepsen") or s.startswith("#"):
+            return "jepsen-edn"
+    return "jepsen-log"
+
+
+def read_history(path: Path | str, fmt: str = "auto") -> list[Op]:
+    """The ops of a history file in `fmt` ("auto": detected); HistoryError naming the line."""
+    path = Path(path)
+    if fmt in (None, "", "auto"):
+        fmt = detect(path)
+    if fmt == "jsonl":
+        if not path.exists():
+            raise HistoryError(f"{path}: no such file; fix: give the path of a history file")
+        ops = list(read_jsonl(path))
+        for n, op in enumerate(ops):
+            if op.index is None or op.index < 0:
+                op.index = n
+        return ops
+    if fmt == "jepsen-edn":
+        return read_edn(path)
+    if fmt == "jepsen-log":
+        return read_log(path)
+    raise HistoryError(f"unknown format {fmt!r}; fix: use one of {', '.join(FORMATS)} or auto")
+
+
+__all__ = ["FORMATS", "read_history", "read_edn", "read_log", "parse_edn", "detect", "EdnError"]
