@@ -94,6 +94,7 @@ class Session:
         self.client = pulsar.Client(service_url, operation_timeout_seconds=OPERATION_TIMEOUT_S,
                                     connection_timeout_ms=5000, logger=logger)
         self._producers: dict[tuple[str, bool], Any] = {}
+        self._replacing: set[tuple[str, bool]] = set()
         self._consumers: dict[tuple[str, str, str], Any] = {}
         self._generation = 0
         self._lock = threading.Lock()
@@ -108,26 +109,37 @@ class Session:
                 and time.monotonic() - self._born.get(key, time.monotonic()) > self.producer_lifetime)
 
     def producer(self, topic: str, batched: bool) -> Any:
+        """The producer for (topic, batched), made on first use. Once expired, its replacement is made
+        in the background while sends go on through the old one: a lookup that hangs (its broker is
+        cut from ZooKeeper) must not stall the thread, nor take the old producer out of the picture."""
         key = (topic, batched)
         p = self._producers.get(key)
-        if p is not None and not self._expired(key):
+        if p is not None:
+            if self._expired(key) and key not in self._replacing:
+                self._replacing.add(key)
+                threading.Thread(target=self._replace, args=(topic, batched), daemon=True).start()
             return p
         with self._maker_lock(key):             # one creation at a time per producer
             p = self._producers.get(key)
-            if p is not None and self._expired(key):
-                try:
-                    p = self._make_producer(topic, batched)
-                except Exception:
-                    self._born[key] = time.monotonic()     # keep the old one; try again later
-                    return p
-                old, self._producers[key] = self._producers.get(key), p
-                if old is not None:
-                    _close_later(old, SEND_TIMEOUT_MS / 1000 + 5)   # its sends end on their own first
-                return p
             if p is None:
                 p = self._make_producer(topic, batched)
                 self._producers[key] = p
             return p
+
+    def _replace(self, topic: str, batched: bool) -> None:
+        key = (topic, batched)
+        try:
+            with self._maker_lock(key):
+                try:
+                    p = self._make_producer(topic, batched)
+                except Exception:
+                    self._born[key] = time.monotonic()     # keep the old one; try again later
+                    return
+                old, self._producers[key] = self._producers.get(key), p
+                if old is not None and old is not p:
+                    _close_later(old, SEND_TIMEOUT_MS / 1000 + 5)   # its sends end on their own first
+        finally:
+            self._replacing.discard(key)
 
     def _make_producer(self, topic: str, batched: bool) -> Any:
         key = (topic, batched)

@@ -58,8 +58,9 @@ def test_key_shared_under_faults_is_valid(tmp_path):
 @pytest.mark.parametrize("workload, options", [("subscriptions", {"subscription": "failover"}), ("log", {})])
 def test_recovery_fencing_off_loses_acknowledged_messages(tmp_path, workload, options):
     # the old owner, cut from ZooKeeper only, keeps acknowledging on a ledger the new owner closed. The
-    # cut lasts 15 s: the owner's session (6 s) expires on the server well before the heal, and producers
-    # made every 3 s look the topic up through the other broker, which then takes it over
+    # cut lasts 15 s: the owner's session (6 s) expires on the server well before the heal; producers
+    # replaced every 3 s look the topic up through the other broker, which then takes it over, while
+    # the producers already on the old owner go on sending there until their replacement is made
     code, res, out = run(tmp_path, workload=workload, options=options,
                          time_limit=35.0, nemesis=["zk-isolate"], nemesis_interval=15.0,
                          bugs={"broker.recovery_fencing": False})
