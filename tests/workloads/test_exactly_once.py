@@ -4,26 +4,22 @@ runs under `pulsar-chaos run` on a real cluster: valid on the default protocol u
 kills and partitions, and invalid (`missed`) with the unsafe `seek=false`."""
 from __future__ import annotations
 
-import io
-import json
 import os
-import shutil
 import sys
 import textwrap
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 import workloads
-from harness import runner
 from harness.history import INVOKE, OK, Journal, read_jsonl
 from harness.spec import SpecError
 from harness.spec import TestSpec as Spec
 from workloads import exactly_once as eo
 from workloads.base import Context
+from tests.workloads import runs
 
 
 def spec(**kw) -> Spec:
@@ -194,15 +190,7 @@ def test_the_processor_refuses_to_start_without_its_arguments():
 # ------------------------------------------------------------------------------------ on a cluster
 
 def run(tmp_path, **kw) -> tuple[int, dict, str, Path]:
-    s = Spec(test_name=f"eo-{uuid.uuid4().hex[:6]}", results_dir=str(tmp_path), workload="exactly-once",
-             settle=2.0, final_read_timeout=30.0, topics=1, concurrency=4, rate=100.0, **kw).validate().resolved()
-    out = io.StringIO()
-    code = runner.run(s, out)
-    run_dir = next((tmp_path / s.test_name).glob("2*"))
-    res = json.loads((run_dir / "results.json").read_text())
-    if res["run"].get("cluster_dir"):       # kept by the runner for a run that was not valid
-        shutil.rmtree(res["run"]["cluster_dir"], ignore_errors=True)
-    return code, res, out.getvalue(), run_dir
+    return runs.run(tmp_path, "eo", workload="exactly-once", topics=1, concurrency=4, rate=100.0, **kw)
 
 
 def _no_processor_left(run_dir: Path) -> bool:

@@ -18,6 +18,7 @@ from harness.store import merge_journals
 from tests.bookie.cluster import bookies  # noqa: F401  (fixture)
 from workloads import base, ledger
 from workloads.base import Context
+from tests.workloads import runs
 
 
 def spec(**kw) -> Spec:
@@ -148,24 +149,7 @@ def test_ignore_fence_knob_is_caught_as_ack_after_fence(bookies, zk, tmp_path):
 # ------------------------------------------------------------------------------------ whole runs
 
 def _run(tmp_path: Path, **kw) -> tuple[int, dict, str]:
-    import io
-
-    from harness import runner
-    s = Spec(workload="ledger", test_name=f"lw-{uuid.uuid4().hex[:6]}", results_dir=str(tmp_path), settle=2.0,
-             final_read_timeout=30.0, **kw).validate().resolved()
-    out = io.StringIO()
-    code = runner.run(s, out)
-    run_dir = next((tmp_path / s.test_name).glob("2*"))
-    return code, json.loads((run_dir / "results.json").read_text()), out.getvalue()
-
-
-def _forget_cluster(res: dict) -> None:
-    """An invalid run keeps its cluster's node data for inspection; a test that got what it expected
-    removes it."""
-    import shutil
-    d = res["run"].get("cluster_dir")
-    if d and Path(d).parent.name == "clusters":
-        shutil.rmtree(d, ignore_errors=True)
+    return runs.run(tmp_path, "lw", workload="ledger", **kw)[:3]
 
 
 @pytest.mark.integration
@@ -195,4 +179,3 @@ def test_run_with_bookies_ignoring_the_fence_is_invalid(tmp_path):
     assert f["stats"]["anomaly_counts"].get("ack-after-fence", 0) > 10, f["stats"]["anomaly_counts"]
     ev = f["anomalies"]["ack-after-fence"][0]
     assert ev["entry_id"] > ev["recovered_last_entry"]
-    _forget_cluster(res)

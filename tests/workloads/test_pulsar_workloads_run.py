@@ -3,29 +3,15 @@ default (correct) configuration, and their checkers report the expected anomaly 
 unsafe setting is on."""
 from __future__ import annotations
 
-import io
-import json
-import shutil
-import uuid
-
 import pytest
 
-from harness import runner
-from harness.spec import TestSpec as Spec
+from tests.workloads import runs
 
 pytestmark = pytest.mark.integration
 
 
 def run(tmp_path, **kw) -> tuple[int, dict, str]:
-    spec = Spec(test_name=f"wl-{uuid.uuid4().hex[:6]}", results_dir=str(tmp_path), settle=2.0,
-                final_read_timeout=30.0, **kw).validate().resolved()
-    out = io.StringIO()
-    code = runner.run(spec, out)
-    run_dir = next((tmp_path / spec.test_name).glob("2*"))
-    res = json.loads((run_dir / "results.json").read_text())
-    if res["run"].get("cluster_dir"):         # an invalid run keeps its nodes' data for debugging
-        shutil.rmtree(res["run"]["cluster_dir"], ignore_errors=True)
-    return code, res, out.getvalue()
+    return runs.run(tmp_path, **kw)[:3]
 
 
 def test_queue_with_dedup_under_kills_is_valid(tmp_path):

@@ -17,6 +17,7 @@ from harness.spec import TestSpec as Spec
 from harness.store import merge_journals
 from workloads import base, register
 from workloads.base import Context
+from tests.workloads import runs
 
 
 def spec(**kw) -> Spec:
@@ -155,24 +156,7 @@ def test_unsafe_cas_loses_updates_and_is_not_linearizable(zk, tmp_path):
 # ------------------------------------------------------------------------------------ whole runs
 
 def _run(tmp_path: Path, **kw) -> tuple[int, dict, str]:
-    import io
-
-    from harness import runner
-    s = Spec(workload="register", test_name=f"rw-{uuid.uuid4().hex[:6]}", results_dir=str(tmp_path), settle=2.0,
-             final_read_timeout=30.0, **kw).validate().resolved()
-    out = io.StringIO()
-    code = runner.run(s, out)
-    run_dir = next((tmp_path / s.test_name).glob("2*"))
-    return code, json.loads((run_dir / "results.json").read_text()), out.getvalue()
-
-
-def _forget_cluster(res: dict) -> None:
-    """An invalid run keeps its cluster's node data for inspection; a test that got what it expected
-    removes it."""
-    import shutil
-    d = res["run"].get("cluster_dir")
-    if d and Path(d).parent.name == "clusters":
-        shutil.rmtree(d, ignore_errors=True)
+    return runs.run(tmp_path, "rw", workload="register", **kw)[:3]
 
 
 @pytest.mark.integration
@@ -197,4 +181,3 @@ def test_run_with_unsafe_cas_is_not_linearizable(tmp_path):
     lin = res["checkers"]["linear"]
     assert code == 1 and res["valid"] is False and lin["valid"] is False, out
     assert lin["anomalies"], lin["stats"]
-    _forget_cluster(res)
