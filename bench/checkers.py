@@ -44,25 +44,32 @@ class _Log:
         self.next_entry = 0
 
 
+class _Sim:
+    """A discrete-event history generator: events on a heap by time, ops appended in time order."""
+
+    def __init__(self) -> None:
+        self.ops: list[Op] = []
+        self.heap: list[tuple[int, int, str, Any]] = []
+        self.seq = 0
+
+    def at(self, t: int, kind: str, data: Any) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, kind, data))
+
+    def emit(self, t: int, process: int, type_: str, f: str, key: str, value: Any = None,
+             message_id: MessageId | None = None, node: str = "", error: str = "") -> Op:
+        op = Op(process=process, type=type_, f=f, key=key, value=value, message_id=message_id, node=node,
+                error=error, time_ns=t, index=len(self.ops))
+        self.ops.append(op)
+        return op
+
+
 def gen_log(n_ops: int = 1_000_000, seed: int = 1, topics: int = 8, producers: int = 24,
             consumers: int = 4, planted: bool = False) -> list[Op]:
     """A `log` workload history of about n_ops ops (see the module docstring)."""
     rng = random.Random(seed)
-    ops: list[Op] = []
-    heap: list[tuple[int, int, str, Any]] = []
-    seq = 0
-
-    def at(t: int, kind: str, data: Any) -> None:
-        nonlocal seq
-        seq += 1
-        heapq.heappush(heap, (t, seq, kind, data))
-
-    def emit(t: int, process: int, type_: str, f: str, key: str, value: Any = None,
-             message_id: MessageId | None = None, node: str = "", error: str = "") -> Op:
-        op = Op(process=process, type=type_, f=f, key=key, value=value, message_id=message_id, node=node,
-                error=error, time_ns=t, index=len(ops))
-        ops.append(op)
-        return op
+    sim = _Sim()
+    ops, heap, at, emit = sim.ops, sim.heap, sim.at, sim.emit
 
     names = [f"persistent://public/default/bench-{i}" for i in range(topics)]
     logs = [_Log(1000 + 10_000 * i) for i in range(topics)]
@@ -173,11 +180,13 @@ def _plant_log(rng: random.Random, ops: list[Op], topic: str, msgs: list[dict], 
     """Planted anomalies on one topic (only topics 0, 1 and 2 get them)."""
     if ti == 0:
         # lost: three acknowledged messages missing from the final read
-        for k in (1000, 2000, 3000):
-            del msgs[k]
+        # (positions 1000 ... 5000 of the log; scaled down on a log shorter than 6000, as with --ops 200000)
+        at = (lambda k: k) if len(msgs) > 6000 else (lambda k: k * len(msgs) // 6000)
+        for k in (3000, 2000, 1000):
+            del msgs[at(k)]
         # duplicate: one value written again at the end of the log
         last = msgs[-1]["message_id"]
-        msgs.append({"value": msgs[5000]["value"], "message_id": _mid(last["ledger_id"], last["entry_id"] + 1)})
+        msgs.append({"value": msgs[at(5000)]["value"], "message_id": _mid(last["ledger_id"], last["entry_id"] + 1)})
         # a consumer's receive out of order (nonmonotonic-poll) and one skipping a message (poll-skip)
         recv = [op for op in ops if op.f == "receive" and op.type == OK and op.key == topic
                 and len(op.value) >= 4 and all(m["redelivery_count"] == 0 for m in op.value)]
@@ -224,21 +233,12 @@ def gen_queue(n_ops: int = 1_000_000, seed: int = 1, queues: int = 4, producers:
     the next messages of its queue; now and then a batch is redelivered to another consumer), a
     final drain per queue."""
     rng = random.Random(seed)
-    ops: list[Op] = []
-    heap: list[tuple[int, int, str, Any]] = []
-    seq = 0
-
-    def at(t: int, kind: str, data: Any) -> None:
-        nonlocal seq
-        seq += 1
-        heapq.heappush(heap, (t, seq, kind, data))
+    sim = _Sim()
+    ops, heap, at = sim.ops, sim.heap, sim.at
 
     def emit(t: int, process: int, type_: str, f: str, key: str, value: Any = None,
              message_id: MessageId | None = None, error: str = "") -> Op:
-        op = Op(process=process, type=type_, f=f, key=key, value=value, message_id=message_id,
-                node=f"broker-{int(key[-1]) % 2 + 1}", error=error, time_ns=t, index=len(ops))
-        ops.append(op)
-        return op
+        return sim.emit(t, process, type_, f, key, value, message_id, f"broker-{int(key[-1]) % 2 + 1}", error)
 
     names = [f"persistent://public/default/queue-{i}" for i in range(queues)]
     logs = [_Log(5000 + 10_000 * i) for i in range(queues)]

@@ -66,7 +66,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from checkers.log import _jsonable, _mid, _mid_json, _norm, _pk, _unpack, gc_paused
+from checkers.log import _jsonable, _mid, _mid_json, _norm, _pk, _unpack, gc_paused, op_names
 from harness.history import INFO, INVOKE, NEMESIS_PROCESS, OK, CheckResult, MessageId, Op
 
 # edge kinds, as bits (Elle's BitRels: ww 1, wr 2, rw 4, process 0x40, realtime 0x80; here the
@@ -136,9 +136,7 @@ class _Graph:
     def __init__(self, history: list[Op], opts: dict[str, Any]):
         self.h = history
         self.o = opts
-        self.send_fs = frozenset(opts.get("send") or ())
-        self.recv_fs = frozenset(opts.get("receive") or ()) - self.send_fs
-        self.read_fs = frozenset(opts.get("read") or ()) - self.send_fs - self.recv_fs
+        self.send_fs, self.recv_fs, self.read_fs = op_names(opts)
         self.rw_fs = frozenset(opts.get("rw_from") or ())
         # nodes: ops and time nodes. op[n] is the op (None for a time node)
         self.op: list[Op | None] = []
@@ -304,14 +302,7 @@ class _Graph:
                         v, part = _norm(m), -1
                     if v is None:
                         continue
-                    key = (topic, part)
-                    ix = self.idx.get(key)
-                    if ix is None:
-                        ix = self.idx[key] = {}
-                        self.seqs[key] = []
-                    if v not in ix:
-                        ix[v] = len(self.seqs[key])
-                        self.seqs[key].append(v)
+                    self._place(topic, part, v)
                 continue
             self.order_source[topic] = "positions"
             at: dict[Any, tuple[Any, int]] = {}
@@ -331,14 +322,18 @@ class _Graph:
                         at[pk] = (v if type(v) is int else _norm(v), (_mid(m["message_id"]) or (0, 0, -1))[2])
             for pk in sorted(at, key=_unpack):
                 v, part = at[pk]
-                key = (topic, part)
-                ix = self.idx.get(key)
-                if ix is None:
-                    ix = self.idx[key] = {}
-                    self.seqs[key] = []
-                if v not in ix:
-                    ix[v] = len(self.seqs[key])
-                    self.seqs[key].append(v)
+                self._place(topic, part, v)
+
+    def _place(self, topic: str, part: int, v: Any) -> None:
+        """v is next in the log order of (topic, partition), unless already placed."""
+        key = (topic, part)
+        ix = self.idx.get(key)
+        if ix is None:
+            ix = self.idx[key] = {}
+            self.seqs[key] = []
+        if v not in ix:
+            ix[v] = len(self.seqs[key])
+            self.seqs[key].append(v)
 
     def _data_edges(self) -> None:
         adj = self.adj

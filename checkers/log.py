@@ -296,6 +296,14 @@ def _msg_at(op: Op, slot: int) -> Any:
 Obs = tuple[str, Op, int]
 
 
+def op_names(opts: dict[str, Any]) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
+    """The f names of sends, receives and final reads from opts["send"/"receive"/"read"]; a name is
+    counted in the first of the three that lists it."""
+    send = frozenset(opts.get("send") or ())
+    recv = frozenset(opts.get("receive") or ()) - send
+    return send, recv, frozenset(opts.get("read") or ()) - send - recv
+
+
 class OpRefs:
     """Evidence references to ops: index (found by identity when an op has none), time, process, f."""
     h: list[Op]
@@ -322,9 +330,7 @@ class _LogCheck(OpRefs):
     def __init__(self, history: list[Op], opts: dict[str, Any]):
         self.h = history
         self.o = opts
-        self.send_fs = frozenset(opts.get("send") or ())
-        self.recv_fs = frozenset(opts.get("receive") or ()) - self.send_fs
-        self.read_fs = frozenset(opts.get("read") or ()) - self.send_fs - self.recv_fs
+        self.send_fs, self.recv_fs, self.read_fs = op_names(opts)
         st = opts.get("subscription_type") or "Exclusive"
         if isinstance(st, dict):
             self.sub_types = {k: subscription_type(v) for k, v in st.items()}
