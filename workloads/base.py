@@ -84,10 +84,31 @@ class Planned:
     delay: float
 
 
+VALUE_STRIDE = 10_000_000         # sent value = (thread + 1) * VALUE_STRIDE + n: unique across the run
+
+
 def paced(rng: random.Random, per_thread_rate: float) -> Iterator[float]:
     """Uniform delays in [0, 2/r): starts staggered around the rate without lock-step."""
     while True:
         yield rng.uniform(0.0, 2.0 / max(per_thread_rate, 1e-6))
+
+
+def send_or_receive(spec: TestSpec, workload: str, thread: int, sends: bool, keys: list[Any],
+                    send_f: str = "send", receive_f: str = "receive") -> Iterator[Planned]:
+    """A Pulsar client thread's ops, a pure function of (seed, workload, thread): a sender sends unique
+    ints, a receiver receives, each time from a seeded choice of `keys`; starts paced at
+    rate / concurrency per thread."""
+    rng = random.Random(f"{spec.seed}:{workload}:{thread}")
+    delays = paced(rng, spec.rate / spec.concurrency)
+    n = 0
+    while True:
+        delay = next(delays)
+        key = rng.choice(keys)
+        if sends:
+            n += 1
+            yield Planned(send_f, key, (thread + 1) * VALUE_STRIDE + n, delay)
+        else:
+            yield Planned(receive_f, key, None, delay)
 
 
 def drive(ctx: Context, process: int, step: int, plan: Iterator[Planned],

@@ -75,7 +75,6 @@ import json
 import logging
 import mmap
 import os
-import random
 import signal
 import struct
 import subprocess
@@ -170,13 +169,8 @@ def threads(spec: TestSpec, workers: int | None = None) -> list[Thread]:
 
 
 def generator(spec: TestSpec, thread: Thread, inputs: list[str]) -> Iterator[Planned]:
-    """The thread's sends, a pure function of (seed, thread): unique values to seeded input topics."""
-    rng = random.Random(f"{spec.seed}:exactly-once:{thread.index}")
-    delays = base.paced(rng, spec.rate / spec.concurrency)
-    n = 0
-    while True:
-        n += 1
-        yield Planned("send", rng.choice(inputs), (thread.index + 1) * VALUE_STRIDE + n, next(delays))
+    """The thread's sends (`base.send_or_receive`): unique values to seeded input topics."""
+    return base.send_or_receive(spec, "exactly-once", thread.index, True, inputs)
 
 
 def prepare(ctx: Context) -> None:

@@ -6,7 +6,6 @@ performs one op with `pulsar-client` and maps its outcome to ok/fail/info, and i
 """
 from __future__ import annotations
 
-import random
 import sys
 import threading
 import time
@@ -22,7 +21,7 @@ from workloads.pulsar_client import Session, ledger_list, read_topic, receive, s
 
 DESCRIPTION = "producers append unique ints to topics, Exclusive consumers read them, final reads replay each topic"
 OPTIONS: dict[str, tuple[Any, str]] = {}
-VALUE_STRIDE = 10_000_000         # value = (thread + 1) * VALUE_STRIDE + n: unique across the run
+VALUE_STRIDE = base.VALUE_STRIDE
 FINAL_READ_PROCESS = base.FINAL_PROCESS   # process ids of the final reads: FINAL_READ_PROCESS + topic index
 # the checkers every Pulsar log-shaped history gets, by name in checkers.CHECKERS (those present)
 CHECKER_NAMES = ("log", "elle", "fencing", "perf")
@@ -87,22 +86,10 @@ def keys(spec: TestSpec, run_id: str) -> list[str]:
 
 
 def generator(spec: TestSpec, thread: Thread, topics: list[str] | None = None) -> Iterator[Planned]:
-    """The thread's ops, a pure function of (seed, thread): same seed, same values, topics and kinds.
-    `key` is the topic name (its index when `topics` is not given).
-
-    Ops are staggered: a uniform delay in [0, 2/r) between starts, r = rate / concurrency."""
-    rng = random.Random(f"{spec.seed}:log:{thread.index}")
-    per_thread = spec.rate / spec.concurrency
-    n = 0
-    while True:
-        delay = rng.uniform(0.0, 2.0 / per_thread)
-        topic = rng.choice(thread.topics)
-        key = topics[topic] if topics else topic
-        if thread.role == "send":
-            n += 1
-            yield Planned("send", key, (thread.index + 1) * VALUE_STRIDE + n, delay)
-        else:
-            yield Planned("receive", key, None, delay)
+    """The thread's ops (`base.send_or_receive`); `key` is the topic name (its index when `topics` is
+    not given)."""
+    keys = [topics[t] for t in thread.topics] if topics else list(thread.topics)
+    return base.send_or_receive(spec, "log", thread.index, thread.role == "send", keys)
 
 
 # ------------------------------------------------------------------------------------ running threads

@@ -186,6 +186,13 @@ class Session:
                 self._consumers[key] = c
             return c
 
+    def leave(self, topic: str, subscription: str, name: str) -> None:
+        """Close the consumer (topic, subscription, name) if there is one: it leaves the subscription
+        (the next `consumer` call subscribes again)."""
+        c = self._consumers.get((topic, subscription, name))
+        if c is not None:
+            self.drop_consumer(c)
+
     def drop_consumer(self, c: Any) -> None:
         with self._lock:
             for k, v in list(self._consumers.items()):

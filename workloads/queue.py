@@ -8,7 +8,6 @@ analysis). With the `dedup` option the topics run with broker deduplication, and
 """
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,7 +18,7 @@ from harness.history import FAIL, OK
 from harness.spec import TestSpec
 from workloads import base
 from workloads.base import MAX_WORKERS, Context, Planned
-from workloads.log import VALUE_STRIDE, session_for, topic_names
+from workloads.log import session_for, topic_names
 from workloads.pulsar_client import RECEIVE_WAIT_MS, Session, receive, send, set_topic_policy
 
 DESCRIPTION = "producers enqueue unique ints, competing Shared consumers dequeue them, a final drain empties the queue"
@@ -65,16 +64,7 @@ def threads(spec: TestSpec, workers: int | None = None) -> list[Thread]:
 
 
 def generator(spec: TestSpec, thread: Thread, topics: list[str]) -> Iterator[Planned]:
-    rng = random.Random(f"{spec.seed}:queue:{thread.index}")
-    delays = base.paced(rng, spec.rate / spec.concurrency)
-    n = 0
-    while True:
-        topic = rng.choice(topics)
-        if thread.role == "enqueue":
-            n += 1
-            yield Planned("enqueue", topic, (thread.index + 1) * VALUE_STRIDE + n, next(delays))
-        else:
-            yield Planned("dequeue", topic, None, next(delays))
+    return base.send_or_receive(spec, "queue", thread.index, thread.role == "enqueue", topics, "enqueue", "dequeue")
 
 
 def prepare(ctx: Context) -> None:

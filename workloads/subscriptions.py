@@ -8,7 +8,6 @@ with the subscription type); the log itself is intact (final reads).
 """
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,7 +17,7 @@ from typing import Any
 from harness.spec import TestSpec
 from workloads import base
 from workloads.base import MAX_WORKERS, Context, Planned
-from workloads.log import VALUE_STRIDE, final_reads, session_for, topic_names
+from workloads.log import final_reads, session_for, topic_names
 from workloads.pulsar_client import receive, send
 from workloads.queue import final_drains
 
@@ -66,16 +65,7 @@ def message_key(spec: TestSpec, value: int) -> str | None:
 
 
 def generator(spec: TestSpec, thread: Thread, topics: list[str]) -> Iterator[Planned]:
-    rng = random.Random(f"{spec.seed}:subscriptions:{thread.index}")
-    delays = base.paced(rng, spec.rate / spec.concurrency)
-    n = 0
-    while True:
-        topic = rng.choice(topics)
-        if thread.role == "send":
-            n += 1
-            yield Planned("send", topic, (thread.index + 1) * VALUE_STRIDE + n, next(delays))
-        else:
-            yield Planned("receive", topic, None, next(delays))
+    return base.send_or_receive(spec, "subscriptions", thread.index, thread.role == "send", topics)
 
 
 def start(ctx: Context) -> list[threading.Thread]:
@@ -96,9 +86,7 @@ def start(ctx: Context) -> list[threading.Thread]:
                 # batched, key-based for Key_Shared: a batch then holds one key, as Pulsar requires
                 return send(session, p.key, True, p.value, message_key(spec, p.value))
             if lifetime > 0 and time.monotonic() - born.setdefault(p.key, time.monotonic()) > lifetime:
-                c = session._consumers.get((p.key, SUBSCRIPTION, name))
-                if c is not None:            # leave: the subscription fails over / rebalances keys
-                    session.drop_consumer(c)
+                session.leave(p.key, SUBSCRIPTION, name)   # the subscription fails over / rebalances keys
                 born[p.key] = time.monotonic() + rng.uniform(-lifetime / 4, lifetime / 4)
             return receive(session, p.key, SUBSCRIPTION, client_type, name)[:2]
         for topic in ctx.keys:
