@@ -87,6 +87,15 @@ class Planned:
 VALUE_STRIDE = 10_000_000         # sent value = (thread + 1) * VALUE_STRIDE + n: unique across the run
 
 
+def decode_value(payload: bytes) -> Any:
+    """A payload as the int the workloads write, or as text if it is not one."""
+    s = payload.decode("utf-8", "replace")
+    try:
+        return int(s)
+    except ValueError:
+        return s
+
+
 def paced(rng: random.Random, per_thread_rate: float) -> Iterator[float]:
     """Uniform delays in [0, 2/r): starts staggered around the rate without lock-step."""
     while True:

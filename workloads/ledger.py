@@ -101,12 +101,7 @@ def message_id(ledger: int, entry: int) -> MessageId:
     return MessageId(ledger, entry, -1, -1)
 
 
-def decode(payload: bytes) -> Any:
-    s = payload.decode("utf-8", "replace")
-    try:
-        return int(s)
-    except ValueError:
-        return s
+decode = base.decode_value
 
 
 # ------------------------------------------------------------------------------------ the client

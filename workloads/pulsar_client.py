@@ -18,6 +18,7 @@ from dataclasses import asdict
 from typing import Any, TextIO
 
 from harness.history import FAIL, INFO, OK, MessageId
+from workloads.base import decode_value
 
 SUBSCRIPTION = "chaos"
 SEND_TIMEOUT_MS = 10_000          # a send that takes longer is indeterminate (info)
@@ -234,12 +235,7 @@ def _err(e: BaseException) -> str:
 
 
 def _decode(msg: Any, with_redelivery: bool) -> dict[str, Any]:
-    data = msg.data()
-    try:
-        value: Any = int(data.decode())
-    except (UnicodeDecodeError, ValueError):
-        value = data.decode("utf-8", "replace")
-    d: dict[str, Any] = {"value": value, "message_id": asdict(MessageId.from_pulsar(msg.message_id()))}
+    d: dict[str, Any] = {"value": decode_value(msg.data()), "message_id": asdict(MessageId.from_pulsar(msg.message_id()))}
     key = msg.partition_key()
     if key:
         d["key"] = key

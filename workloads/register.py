@@ -110,13 +110,8 @@ def encode(v: Any) -> bytes:
 
 
 def decode(data: bytes | None) -> Any:
-    if not data:
-        return None
-    s = data.decode("utf-8", "replace")
-    try:
-        return int(s)
-    except ValueError:
-        return s
+    """A register's value; an empty znode holds none."""
+    return base.decode_value(data) if data else None
 
 
 # ------------------------------------------------------------------------------------ the client
