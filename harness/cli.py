@@ -12,6 +12,7 @@ import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn
 
 EXIT_USER_ERROR = 2
@@ -315,8 +316,11 @@ def _strict_usage(p: argparse.ArgumentParser) -> None:
     p.parse_known_args = strict  # type: ignore[method-assign]
 
 
-def _workloads_epilog() -> str:
-    """One paragraph per workload: its line, then its options (for `run --help`)."""
+def _run_epilog() -> str:
+    """`run --help`'s lists: one paragraph per workload (its line, then its options), then one line
+    per fault name."""
+    from nemesis import help_lines
+    from nemesis.combine import TARGETS_HELP
     from workloads import available, get
     lines = ["workloads (--workload NAME; options with --option KEY=VALUE):"]
     for name in available():
@@ -324,7 +328,34 @@ def _workloads_epilog() -> str:
         lines.append(f"  {name:15} {mod.DESCRIPTION}")
         for k, (d, h) in getattr(mod, "OPTIONS", {}).items():
             lines.append(f"  {'':15}   {k}={d!r}: {h}")
+    lines += ["", "faults (--nemesis NAME,NAME[:TARGET],...; --nemesis-schedule FILE for exact times):"]
+    lines += help_lines()
+    lines += [f"  {TARGETS_HELP}"]
     return "\n".join(lines)
+
+
+def load_schedule(path: str) -> list[dict[str, Any]]:
+    """A fault schedule file: TOML with [[fault]] tables (at, name, hold, grudge), or a JSON list of
+    the same. SpecError naming the file and the fix if it cannot be read."""
+    import tomllib
+    from harness.spec import SpecError
+    fix = 'write [[fault]] tables with at = SECONDS, name = "kill:owner", optional hold = SECONDS'
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise SpecError("--nemesis-schedule", f"cannot read {path} ({e.strerror})", "check the path") from None
+    try:
+        data: Any = json.loads(text) if text.lstrip().startswith("[") else tomllib.loads(text)
+    except (ValueError, tomllib.TOMLDecodeError) as e:
+        raise SpecError("--nemesis-schedule", f"{path} is neither TOML nor a JSON list ({e})", fix) from None
+    if isinstance(data, dict):
+        extra = sorted(set(data) - {"fault"})
+        if extra:
+            raise SpecError("--nemesis-schedule", f"{path} has unknown table(s) {extra}", fix)
+        data = data.get("fault", [])
+    if not isinstance(data, list) or not data:
+        raise SpecError("--nemesis-schedule", f"{path} lists no faults", fix)
+    return data
 
 
 def _run_args(p: argparse.ArgumentParser) -> None:
@@ -333,15 +364,24 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec", metavar="FILE", default=None,
                    help="a TOML test spec (e.g. a run's test.toml); flags given here override it")
     p.formatter_class = argparse.RawDescriptionHelpFormatter      # keep the epilog's lines
-    p.epilog = _workloads_epilog()
+    p.epilog = _run_epilog()
     p.add_argument("--workload", default=None, metavar="NAME", help="workload (default log; listed below)")
     p.add_argument("--option", action="append", default=None, metavar="KEY=VALUE",
                    help="a workload option (repeatable), e.g. --option subscription=key_shared; "
                         "each workload's options are listed below")
     p.add_argument("--nemesis", default=None, metavar="LIST",
-                   help="comma list of partition, kill, pause, zk-isolate, or none (default: all four)")
+                   help="comma list of fault names (listed below), or none "
+                        "(default: partition,kill,pause,zk-isolate)")
     p.add_argument("--nemesis-interval", type=float, default=None, metavar="S",
                    help="seconds a fault lasts and seconds between faults (default 10)")
+    p.add_argument("--nemesis-overlap", type=int, default=None, metavar="N",
+                   help="up to N faults in force at once: a new one every interval, each held "
+                        "interval*N (default 1: one after another)")
+    p.add_argument("--nemesis-schedule", default=None, metavar="FILE",
+                   help="faults at given times instead of random ones: TOML [[fault]] tables with "
+                        "at, name, hold (seconds from the first op), or a JSON list")
+    p.add_argument("--grudge", default=None, metavar="JSON",
+                   help="""the grudge nemesis's cut links, e.g. '{"broker-1": ["zk-1"]}' (symmetric)""")
     p.add_argument("--time-limit", type=float, default=None, metavar="S", help="seconds of workload (default 60)")
     p.add_argument("--rate", type=float, default=None, metavar="N", help="target ops/s over all clients (default 200)")
     p.add_argument("--concurrency", type=int, default=None, metavar="N", help="logical client processes (default 6)")
@@ -366,7 +406,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                    help="seconds a producer lives before a new one looks its topic up again (default 3; 0 never)")
 
 
-_RUN_FLAGS = ("workload", "nemesis", "nemesis_interval", "time_limit", "rate", "concurrency", "topics", "brokers",
+_RUN_FLAGS = ("workload", "nemesis", "nemesis_interval", "nemesis_overlap", "time_limit", "rate", "concurrency", "topics", "brokers",
               "bookies", "zookeepers", "ensemble", "write_quorum", "ack_quorum", "seed", "test_name",
               "results_dir", "backend", "settle", "final_read_timeout", "client_lifetime")
 
@@ -388,6 +428,13 @@ def _run(args: argparse.Namespace) -> int:
         if args.option:
             from harness.spec import parse_options
             overrides["options"] = parse_options(args.option)
+        if args.nemesis_schedule:
+            overrides["nemesis_schedule"] = load_schedule(args.nemesis_schedule)
+        if args.grudge:
+            try:
+                overrides["grudge"] = json.loads(args.grudge)
+            except ValueError as e:
+                raise SpecError("--grudge", f"not JSON ({e})", """write e.g. '{"broker-1": ["zk-1"]}'""") from None
         spec = runner.spec_from_args(args.spec, overrides)
         runner.preflight(spec)           # root, iproute2, iptables, ZooKeeper: before any run folder
     except (SpecError, ClusterError) as e:

@@ -146,7 +146,7 @@ class Run:
     # -- the lifecycle
     def execute(self) -> int:
         spec = self.spec
-        nem = ",".join(spec.nemesis) or "none"
+        nem = ",".join(spec.nemesis) or ("schedule" if spec.nemesis_schedule else "none")
         self.progress.line(f"run {self.run_dir}: {spec.workload} workload, nemesis {nem}, "
                            f"{spec.time_limit:g}s, seed {spec.seed}")
         log.info("run %s: spec %s", self.run_dir, dataclasses.asdict(spec))
@@ -220,12 +220,15 @@ class Run:
             self.workers.append(self._launch(f"worker-{i}", self._worker_argv(
                 "--worker", str(i), "--workers", str(n), "--deadline-ns", str(deadline_ns))))
         self.progress.start(t0)
-        if spec.nemesis:
-            from nemesis.combine import NemesisRunner
+        if spec.nemesis or spec.nemesis_schedule:
+            from nemesis.combine import NemesisRunner, Scheduled
             self.nemesis_journal = Journal(store.journal_dir(self.run_dir) / store.NEMESIS_JOURNAL, self.t0_ns)
+            schedule = [Scheduled(at=float(e["at"]), name=e["name"], hold=e.get("hold"), grudge=e.get("grudge"))
+                        for e in spec.nemesis_schedule]
             self.nemesis = NemesisRunner(self.cluster, list(spec.nemesis), spec.nemesis_interval,
                                          random.Random(f"{spec.seed}:nemesis"), self.nemesis_journal,
-                                         list(self.topics))
+                                         list(self.topics), overlap=spec.nemesis_overlap,
+                                         schedule=schedule, grudge=spec.grudge)
             self.progress.watch_faults(self.nemesis.active)
             # faults start with the workload's first op (not during the clients' set-up)
             self.progress.first_op.wait(min(NEMESIS_START_WAIT_S, spec.time_limit))

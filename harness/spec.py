@@ -27,7 +27,24 @@ DEFAULT_NEMESES = ("partition", "kill", "pause", "zk-isolate")
 def _nemesis_names() -> tuple[str, ...]:
     from nemesis import NAMES       # the nemesis registry is the one list of fault names
     return NAMES
-BACKENDS = ("netns",)
+
+
+def _base_name(spec: Any) -> str:
+    return spec.partition(":")[0].strip() if isinstance(spec, str) else ""
+
+
+def _nemesis_problem(spec: Any) -> tuple[str, str] | None:
+    """Why `spec` (NAME or NAME:TARGET) is not a fault name, and the fix (None if it is one)."""
+    from nemesis.combine import FaultNameError, make
+    if not isinstance(spec, str) or not spec.strip():
+        return (f"a fault name must be a word like partition or kill:owner, not {spec!r}",
+                "see `pulsar-chaos run --help` for the names")
+    try:
+        make(spec)
+    except FaultNameError as e:
+        return (e.problem, e.fix)
+    return None
+BACKENDS = ("netns", "docker")
 
 
 class SpecError(ValueError):
@@ -45,6 +62,10 @@ class TestSpec:
     workload: str = "log"
     nemesis: list[str] = field(default_factory=lambda: list(DEFAULT_NEMESES))
     nemesis_interval: float = 10.0          # seconds a fault lasts, and seconds between faults
+    nemesis_overlap: int = 1                # faults in force at once at most (1: one after another)
+    # explicit faults and times instead of random draws: [{at = S, name = "kill:owner", hold = S}, ...]
+    nemesis_schedule: list[dict[str, Any]] = field(default_factory=list)
+    grudge: dict[str, list[str]] = field(default_factory=dict)   # for the `grudge` nemesis
     time_limit: float = 60.0                # seconds of workload (and faults)
     rate: float = 200.0                     # target ops/s over all client processes
     concurrency: int = 6                    # logical client processes
@@ -79,9 +100,18 @@ class TestSpec:
             raise err("nemesis", f"must be a list of names, not {self.nemesis!r}",
                       f"use a comma list of {', '.join(known)}, or none")
         for n in self.nemesis:
-            if n not in known:
-                raise err("nemesis", f"unknown nemesis {n!r}",
-                          f"use a comma list of {', '.join(known)}, or none")
+            problem = _nemesis_problem(n)
+            if problem:
+                raise err("nemesis", *problem)
+        if not isinstance(self.nemesis_overlap, int) or isinstance(self.nemesis_overlap, bool) \
+                or not 1 <= self.nemesis_overlap <= 8:
+            raise err("nemesis_overlap", f"must be a whole number from 1 to 8, not {self.nemesis_overlap!r}",
+                      "use e.g. --nemesis-overlap 2")
+        self._validate_grudge(self.grudge, "grudge", err)
+        self._validate_schedule(err)
+        if ("grudge" in self.nemesis or any(_base_name(e.get("name")) == "grudge" and "grudge" not in e
+                                            for e in self.nemesis_schedule)) and not self.grudge:
+            raise err("grudge", "the grudge nemesis needs a grudge", """give e.g. --grudge '{"broker-1": ["zk-1"]}'""")
         for name, lo in (("nemesis_interval", 0.5), ("time_limit", 1.0), ("rate", 0.1), ("settle", 0.0),
                          ("final_read_timeout", 1.0), ("client_lifetime", 0.0)):
             v = getattr(self, name)
@@ -108,6 +138,37 @@ class TestSpec:
                 raise err("bugs", f"unknown bug knob {k!r}", f"use one of {', '.join(sorted(bug_knobs.KNOBS))}")
         self._validate_options(err)
         return self
+
+    @staticmethod
+    def _validate_grudge(g: Any, name: str, err: Any) -> None:
+        ok = isinstance(g, dict) and all(isinstance(k, str) and isinstance(v, list)
+                                         and all(isinstance(x, str) for x in v) for k, v in g.items())
+        if not ok:
+            raise err(name, f"must map node names to lists of node names, not {g!r}",
+                      """write e.g. {"broker-1": ["zk-1"]}""")
+
+    def _validate_schedule(self, err: Any) -> None:
+        sched = self.nemesis_schedule
+        fix = 'write entries like {at = 5, name = "kill:owner", hold = 10}'
+        if not isinstance(sched, list):
+            raise err("nemesis_schedule", f"must be a list of faults, not {sched!r}", fix)
+        for i, e in enumerate(sched):
+            where = f"entry {i + 1}"
+            if not isinstance(e, dict):
+                raise err("nemesis_schedule", f"{where} is not a table: {e!r}", fix)
+            extra = sorted(set(e) - {"at", "name", "hold", "grudge"})
+            if extra:
+                raise err("nemesis_schedule", f"{where} has unknown key(s) {extra}", "use at, name, hold, grudge")
+            at, hold = e.get("at"), e.get("hold")
+            if not isinstance(at, (int, float)) or isinstance(at, bool) or at < 0:
+                raise err("nemesis_schedule", f"{where}: at must be seconds >= 0, not {at!r}", fix)
+            if hold is not None and (not isinstance(hold, (int, float)) or isinstance(hold, bool) or hold <= 0):
+                raise err("nemesis_schedule", f"{where}: hold must be seconds > 0, not {hold!r}", fix)
+            problem = _nemesis_problem(e.get("name"))
+            if problem:
+                raise err("nemesis_schedule", f"{where}: {problem[0]}", problem[1])
+            if "grudge" in e:
+                self._validate_grudge(e["grudge"], "nemesis_schedule", err)
 
     def _validate_options(self, err: Any) -> None:
         from workloads import get
@@ -140,7 +201,7 @@ class TestSpec:
 
     def to_toml(self) -> str:
         lines = ["# pulsar-chaos test spec; rerun with: pulsar-chaos run --spec test.toml", ""]
-        tables = ("bugs", "options")
+        tables = ("bugs", "options", "grudge")
         for f in fields(self):
             if f.name not in tables:
                 lines.append(f"{f.name} = {_toml_value(getattr(self, f.name))}")
@@ -160,6 +221,8 @@ def _toml_value(v: Any) -> str:
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(v, list):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_toml_value(str(k))} = {_toml_value(x)}" for k, x in v.items()) + "}"
     raise TypeError(f"cannot write {v!r} to TOML")
 
 

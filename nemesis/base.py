@@ -64,6 +64,8 @@ class NemesisContext:
     # Replaces the HTTP lookup (topic -> owning broker's node name): for systems without the REST API
     # and for unit tests without brokers.
     lookup: Callable[[str], str] | None = None
+    # the spec's explicit grudge ({node: [nodes it drops]}) for the `grudge` nemesis
+    grudge: dict[str, list[str]] = field(default_factory=dict)
 
     def names(self, *roles: str) -> list[str]:
         """Node names of these roles, sorted: the stable pool random choices draw from."""

@@ -1,40 +1,111 @@
-"""The nemesis process: a schedule of faults (start, hold, stop, rest) journaled as history ops.
+"""The nemesis process: faults started and stopped on a schedule, journaled as history ops.
 
-One fault at a time, chosen with the run's rng, so a seed replays the same faults on the same layout.
-Every op is process -1: `start-<name>` / `stop-<name>` invoke then ok (or info with the error), and
-`heal` at the end.
+The registry maps each fault name (`NAME` or `NAME:TARGET`) to its nemesis, with one line of help
+for `run --help`. The runner draws faults with the run's rng, so a seed replays the same faults on
+the same layout: one at a time by default (rest, start, hold, stop), or up to `overlap` at once
+(Jepsen's combined nemesis: a new fault every `interval`, each held `interval * overlap`), or the
+faults and times of a schedule. Every op is process -1: `start-<name>` / `stop-<name>` invoke then
+ok, or `fail` with the reason when the fault could not be applied (nothing was done), or `info`
+when it was half done or its undo failed; `heal` at the end.
 """
 from __future__ import annotations
 
 import logging
 import random
 import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from clusters.deploy.backend import Cluster
-from harness.history import INFO, INVOKE, NEMESIS_PROCESS, OK, Journal, Op
+from harness.history import FAIL, INFO, INVOKE, NEMESIS_PROCESS, OK, Journal, Op
 from nemesis.base import Nemesis, NemesisContext
-from nemesis.partition import PartitionNemesis, ZkIsolateNemesis
+from nemesis.partition import (ClientLinkNemesis, GrudgeNemesis, IsolateNemesis, PartitionNemesis,
+                               PrimariesNemesis, ZkIsolateNemesis)
 from nemesis.process import KillNemesis, PauseNemesis
 
 log = logging.getLogger(__name__)
 
-FACTORIES = {
-    "partition": lambda: PartitionNemesis("halves"),
-    "partition-one": lambda: PartitionNemesis("one"),
-    "partition-bridge": lambda: PartitionNemesis("bridge"),
-    "partition-ring": lambda: PartitionNemesis("majorities-ring"),
-    "kill": KillNemesis,
-    "pause": PauseNemesis,
-    "zk-isolate": ZkIsolateNemesis,
+TARGETS_HELP = ("TARGET: owner, ledger-bookies, zk-leader, lb-leader, broker, bookie, zookeeper, "
+                "all-<role>, or a node name (resolved when the fault starts)")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A fault name: its factory (taking the `:PARAM` or None), one line of help, and what PARAM is
+    ("" when the name takes none)."""
+    factory: Callable[[str | None], Nemesis]
+    help: str
+    param: str = ""
+
+
+def _plain(cls: Callable[[], Nemesis]) -> Callable[[str | None], Nemesis]:
+    return lambda _param: cls()
+
+
+REGISTRY: dict[str, Entry] = {
+    "partition": Entry(_plain(lambda: PartitionNemesis("halves")),
+                       "random halves of the brokers and bookies (ZooKeeper with the bigger half)"),
+    "partition-ring": Entry(_plain(lambda: PartitionNemesis("majorities-ring")),
+                            "majorities ring: every server sees a majority, neighbours different ones"),
+    "partition-bridge": Entry(_plain(lambda: PartitionNemesis("bridge")),
+                              "two halves that only one bridge node reaches both of"),
+    "isolate": Entry(lambda p: IsolateNemesis(p), "one node (random broker or bookie, or TARGET) cut "
+                     "from every other server", "TARGET"),
+    "partition-one": Entry(lambda p: IsolateNemesis(p, name="partition-one"), "the same as isolate", "TARGET"),
+    "primaries": Entry(_plain(PrimariesNemesis), "the owner of every topic, each cut from every other server"),
+    "zk-isolate": Entry(lambda p: ZkIsolateNemesis(p), "a topic's owner (or TARGET) cut from ZooKeeper only, "
+                        "still reaching bookies, brokers and clients", "TARGET"),
+    "client-link": Entry(lambda p: ClientLinkNemesis(p), "the clients cut from one broker (a topic's owner, "
+                         "or TARGET) while the servers still talk", "TARGET"),
+    "grudge": Entry(lambda p: GrudgeNemesis(), "the spec's grudge, e.g. --grudge '{\"broker-1\": [\"zk-1\"]}'"),
+    "kill": Entry(lambda p: KillNemesis(p), "SIGKILL a random broker or bookie (or TARGET), restart it "
+                  "with its data", "TARGET"),
+    "pause": Entry(lambda p: PauseNemesis(p), "SIGSTOP a random broker or bookie (or TARGET) for the hold, "
+                   "then SIGCONT", "TARGET"),
 }
 
 
-def make(name: str) -> Nemesis:
-    try:
-        return FACTORIES[name]()
-    except KeyError:
-        raise ValueError(f"unknown nemesis {name!r}; use one of {', '.join(FACTORIES)}") from None
+def parse_name(spec: str) -> tuple[str, str | None]:
+    """"kill:owner" -> ("kill", "owner"); "kill" -> ("kill", None)."""
+    name, sep, param = spec.strip().partition(":")
+    return name.strip(), (param.strip() if sep else None)
+
+
+class FaultNameError(ValueError):
+    """A fault name that names no fault: `problem` and `fix` for a one-line usage error."""
+
+    def __init__(self, problem: str, fix: str):
+        super().__init__(f"{problem} (fix: {fix})")
+        self.problem, self.fix = problem, fix
+
+
+def make(spec: str) -> Nemesis:
+    """The nemesis of a fault name (`NAME` or `NAME:PARAM`); FaultNameError naming the fix if unknown."""
+    name, param = parse_name(spec)
+    entry = REGISTRY.get(name)
+    if entry is None:
+        raise FaultNameError(f"unknown nemesis {name!r}", f"use one of {', '.join(REGISTRY)} "
+                         "(see `pulsar-chaos run --help`)")
+    if param is not None and not entry.param:
+        raise FaultNameError(f"nemesis {name!r} takes no :{param}", f"write just {name}")
+    if param == "":
+        raise FaultNameError(f"nemesis {spec!r} has an empty {entry.param} after ':'",
+                         f"write {name}:{entry.param} or just {name}")
+    if param is not None and entry.param == "TARGET":
+        from nemesis.targets_hook import check_selector
+        check_selector(param)
+    return entry.factory(param)
+
+
+def help_lines(width: int = 22) -> list[str]:
+    """One line per fault name, for `run --help`."""
+    out = []
+    for name, e in REGISTRY.items():
+        shown = f"{name}[:{e.param}]" if e.param else name
+        out.append(f"  {shown:{width}} {e.help}")
+    return out
 
 
 def _error(e: BaseException) -> str:
@@ -47,26 +118,42 @@ def _key(value: Any, default: str = "") -> str:
 
 def _node(value: Any) -> str:
     if isinstance(value, dict):
-        for k in ("node", "owner"):
+        for k in ("node", "owner", "broker"):
             if isinstance(value.get(k), str):
                 return value[k]
     return ""
+
+
+@dataclass(frozen=True)
+class Scheduled:
+    """One entry of a fault schedule: start `name` `at` seconds after the faults begin, stop it
+    `hold` seconds later (None: at the end); `grudge` for the grudge nemesis."""
+    at: float
+    name: str
+    hold: float | None = None
+    grudge: dict[str, list[str]] | None = None
 
 
 class NemesisRunner:
     """Runs faults against a cluster until told to stop, journaling every start and stop."""
 
     def __init__(self, cluster: Cluster, names: list[str], interval: float, rng: random.Random,
-                 journal: Journal, topics: list[str], *, nemeses: dict[str, Nemesis] | None = None):
-        if not names:
-            raise ValueError("no nemesis to run; give at least one name")
+                 journal: Journal, topics: list[str], *, nemeses: dict[str, Nemesis] | None = None,
+                 overlap: int = 1, schedule: list[Scheduled] | None = None,
+                 grudge: dict[str, list[str]] | None = None):
+        if not names and not schedule:
+            raise ValueError("no nemesis to run; give at least one name or a schedule")
         if interval < 0:
             raise ValueError(f"interval must be >= 0, got {interval}")
+        if overlap < 1:
+            raise ValueError(f"overlap must be >= 1, got {overlap}")
         self.cluster = cluster
         self.names = list(names)             # repeats weigh the choice
         self.interval = float(interval)
+        self.overlap = int(overlap)
+        self.schedule = sorted(schedule or [], key=lambda e: e.at)
         self.journal = journal
-        self.ctx = NemesisContext(cluster=cluster, rng=rng, topics=list(topics))
+        self.ctx = NemesisContext(cluster=cluster, rng=rng, topics=list(topics), grudge=dict(grudge or {}))
         self.nemeses: dict[str, Nemesis] = dict(nemeses or {})
         for n in self.names:
             if n not in self.nemeses:
@@ -76,29 +163,93 @@ class NemesisRunner:
 
     # -- the schedule ------------------------------------------------------------------
     def run(self, stop: threading.Event, max_cycles: int | None = None) -> None:
-        """Blocking: rest `interval`, start a random fault, hold it `interval`, stop it; repeat until
-        `stop` is set (or max_cycles faults ran). Returns with no fault of ours active, unless undoing
-        one failed twice (journaled as info; `active()` lists it and `heal()` retries it)."""
-        cycles = 0
+        """Blocking: run the faults until `stop` is set (or max_cycles faults started). Returns with
+        no fault of ours active, unless undoing one failed twice (journaled as info; `active()` lists
+        it and `heal()` retries it)."""
         try:
-            while max_cycles is None or cycles < max_cycles:
-                if stop.wait(self.interval):
-                    break
-                nem = self.start_fault()
-                cycles += 1
-                if nem.is_active():
-                    stop.wait(self.interval)
-                    self.stop_faults()
+            if self.schedule:
+                self._run_schedule(stop)
+            elif self.overlap == 1:
+                self._run_serial(stop, max_cycles)
+            else:
+                self._run_overlapping(stop, max_cycles)
         finally:
             # Undo what is in force (a no-op after a normal cycle). An undo that fails again (a node
             # that will not restart) is journaled as info and left for heal(), which retries it.
             self.stop_faults()
 
+    def _run_serial(self, stop: threading.Event, max_cycles: int | None) -> None:
+        """Rest `interval`, start a random fault, hold it `interval`, stop it; repeat."""
+        cycles = 0
+        while max_cycles is None or cycles < max_cycles:
+            if stop.wait(self.interval):
+                break
+            nem = self.start_fault()
+            cycles += 1
+            if nem.is_active():
+                stop.wait(self.interval)
+                self.stop_faults()
+
+    def _run_overlapping(self, stop: threading.Event, max_cycles: int | None) -> None:
+        """Every `interval` a random fault not already in force starts (while fewer than `overlap`
+        are); each is stopped `interval * overlap` after its start, so faults overlap."""
+        hold = self.interval * self.overlap
+        deadlines: dict[int, float] = {}     # id(nemesis) -> when to stop it
+        cycles = 0
+        next_start = time.monotonic() + self.interval
+        while not stop.is_set():
+            now = time.monotonic()
+            for nem in list(self._active):
+                if deadlines.get(id(nem), now) <= now:
+                    self._stop(nem)
+                    deadlines.pop(id(nem), None)
+            if now >= next_start and (max_cycles is None or cycles < max_cycles):
+                with self._lock:
+                    idle = [n for n in self.names if not self.nemeses[n].is_active()]
+                    if idle and len(self._active) < self.overlap:
+                        name = self.ctx.rng.choice(idle)
+                        nem = self.nemeses[name]
+                        self._start(nem)
+                        cycles += 1
+                        if nem.is_active():
+                            deadlines[id(nem)] = time.monotonic() + hold
+                next_start = now + self.interval
+            if max_cycles is not None and cycles >= max_cycles and not self._active:
+                break
+            wake = min([next_start, *deadlines.values()])
+            stop.wait(max(0.0, wake - time.monotonic()))
+
+    def _run_schedule(self, stop: threading.Event) -> None:
+        """Start each scheduled fault at its time and stop it after its hold (or at the end)."""
+        t0 = time.monotonic()
+        pending = list(self.schedule)
+        running: list[tuple[float, Nemesis]] = []
+        while not stop.is_set() and (pending or running):
+            now = time.monotonic() - t0
+            for due, nem in list(running):
+                if due <= now:
+                    running.remove((due, nem))
+                    if nem in self._active:
+                        self._stop(nem)
+            while pending and pending[0].at <= now:
+                entry = pending.pop(0)
+                nem = make(entry.name)
+                if entry.grudge is not None and isinstance(nem, GrudgeNemesis):
+                    nem.grudge = entry.grudge
+                self._start(nem)
+                if nem.is_active() and entry.hold is not None:
+                    running.append((entry.at + entry.hold, nem))
+            wakes = [d for d, _ in running] + ([pending[0].at] if pending else [])
+            if not wakes:                    # only faults held until the end are left
+                stop.wait()
+                break
+            stop.wait(max(0.0, min(wakes) - (time.monotonic() - t0)))
+
     def start_fault(self, name: str | None = None) -> Nemesis:
         """Start one fault now (a random one of `names` if None), journaled; returns its nemesis.
 
         Faults whose undo failed earlier are retried first. Check `is_active()` / `applied` for the
-        outcome: a fault that failed is journaled as info and (unless half done) is not active."""
+        outcome: a fault that failed is journaled as fail or info and (unless half done) is not active."""
         with self._lock:
             self.stop_faults()
             name = self.ctx.rng.choice(self.names) if name is None else name
@@ -165,9 +316,10 @@ class NemesisRunner:
             f = f"start-{nem.name}"
             try:
                 plan = nem.choose(self.ctx)
-            except Exception as e:
+            except Exception as e:           # nothing was done: the fault failed
+                log.warning("nemesis %s could not start: %s", nem.name, _error(e))
                 inv = self._journal(Op(process=NEMESIS_PROCESS, type=INVOKE, f=f))
-                self._journal(inv.complete(INFO, error=_error(e)))
+                self._journal(inv.complete(FAIL, error=_error(e)))
                 return
             inv = self._journal(Op(process=NEMESIS_PROCESS, type=INVOKE, f=f, key=_key(plan),
                                    value=plan, node=_node(plan)))
@@ -175,9 +327,12 @@ class NemesisRunner:
                 value = nem.start(self.ctx, plan)
             except Exception as e:
                 log.warning("nemesis %s failed to start: %s", nem.name, _error(e))
-                self._journal(inv.complete(INFO, error=_error(e),
-                                           value=nem.applied if nem.applied is not None else plan))
-                if nem.is_active() and nem not in self._active:   # half done: it must still be undone
+                if not nem.is_active():      # refused before any side effect: a failed fault op
+                    self._journal(inv.complete(FAIL, error=_error(e), value=plan))
+                    return
+                # half done: indeterminate, and it must still be undone
+                self._journal(inv.complete(INFO, error=_error(e), value=nem.applied))
+                if nem not in self._active:
                     self._active.append(nem)
                 return
             self._active.append(nem)

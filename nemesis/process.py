@@ -1,23 +1,30 @@
-"""Process faults: kill -9 a random bookie or broker and start it again (same identity and data), or
-SIGSTOP it and SIGCONT it later."""
+"""Process faults: kill -9 a bookie or broker (random, or a resolved target) and start it again (same
+identity and data), or SIGSTOP it and SIGCONT it later."""
 from __future__ import annotations
 
 from typing import Any
 
 from nemesis.base import Nemesis, NemesisContext, NemesisError
+from nemesis.targets_hook import draw_topic, resolve
 
 TARGET_ROLES = ("bookie", "broker")
 
 
 class _ProcessNemesis(Nemesis):
+    """A signal fault on one random bookie or broker, or on the nodes a selector (`kill:owner`,
+    `pause:zk-leader`, `kill:all-bookie`, `pause:broker-2`...) resolves to when the fault starts."""
+
     roles: tuple[str, ...] = TARGET_ROLES
 
-    def __init__(self, roles: tuple[str, ...] | None = None):
+    def __init__(self, selector: str | None = None, roles: tuple[str, ...] | None = None):
         super().__init__()
+        self.selector = selector
         if roles is not None:
             self.roles = tuple(roles)
 
     def choose(self, ctx: NemesisContext) -> dict[str, Any]:
+        if self.selector is not None:
+            return {"selector": self.selector, **draw_topic(ctx, self.selector)}
         pool = ctx.names(*self.roles)        # every node of the roles, not only live ones: the draw
         if not pool:                         # depends on the layout alone
             raise NemesisError(f"{self.name}: the cluster has no {' or '.join(self.roles)} nodes")
@@ -33,18 +40,35 @@ class _ProcessNemesis(Nemesis):
     def start(self, ctx: NemesisContext, plan: dict[str, Any] | None = None) -> dict[str, Any]:
         self._check_idle()
         plan = plan if plan is not None else self.choose(ctx)
-        node = ctx.cluster.node(plan["node"])
-        problem = "is not running" if not node.alive else self._refuse(node)
-        if problem:
-            raise NemesisError(f"{self.name}: {node.name} {problem}")
-        value = {"node": node.name, "role": node.role, "pid": node.pid}
+        extra: dict[str, Any] = {}
+        if "node" in plan:
+            names = [plan["node"]]
+        else:
+            found = resolve(ctx, plan["selector"], plan.get("topic") or None)
+            names, extra = found["nodes"], {"selector": plan["selector"], "target": found}
+        nodes = [ctx.cluster.node(n) for n in names]
+        for node in nodes:
+            problem = "is not running" if not node.alive else self._refuse(node)
+            if problem:
+                raise NemesisError(f"{self.name}: {node.name} {problem}")
+        value = {"node": nodes[0].name, "role": nodes[0].role, "pid": nodes[0].pid, **extra}
+        if len(nodes) > 1:
+            value["nodes"] = [n.name for n in nodes]
+            value["pids"] = {n.name: n.pid for n in nodes}
         self.applied = value                 # before the side effect, so a half-done start is undone
-        self._apply(ctx, node.name)
+        for node in nodes:
+            self._apply(ctx, node.name)
         return value
+
+    def _targets(self) -> list[str]:
+        assert self.applied is not None
+        return list(self.applied.get("nodes") or [self.applied["node"]])
 
     def describe(self) -> str:
         if not self.applied:
             return self.name
+        if "nodes" in self.applied:
+            return f"{self.name}: {', '.join(self.applied['nodes'])}"
         return f"{self.name}: {self.applied['node']} (pid {self.applied['pid']})"
 
 
@@ -59,14 +83,16 @@ class KillNemesis(_ProcessNemesis):
     def stop(self, ctx: NemesisContext) -> dict[str, Any]:
         if self.applied is None:
             return {}
-        name = self.applied["node"]
-        node = ctx.cluster.node(name)
-        restarted = False
-        if not node.alive:
-            node = ctx.cluster.start(name)   # bounded by the backend's start timeout
-            restarted = True
+        out = {}
+        for name in self._targets():
+            node = ctx.cluster.node(name)
+            restarted = False
+            if not node.alive:
+                node = ctx.cluster.start(name)   # bounded by the backend's start timeout
+                restarted = True
+            out[name] = {"node": name, "role": node.role, "pid": node.pid, "restarted": restarted}
         self.applied = None
-        return {"node": name, "role": node.role, "pid": node.pid, "restarted": restarted}
+        return next(iter(out.values())) if len(out) == 1 else {"nodes": out}
 
 
 class PauseNemesis(_ProcessNemesis):
@@ -83,11 +109,14 @@ class PauseNemesis(_ProcessNemesis):
     def stop(self, ctx: NemesisContext) -> dict[str, Any]:
         if self.applied is None:
             return {}
-        name = self.applied["node"]
-        node = ctx.cluster.node(name)
-        resumed = False
-        if node.alive and node.paused:
-            ctx.cluster.resume(name)
-            resumed = True
+        out = {}
+        for name in self._targets():
+            node = ctx.cluster.node(name)
+            resumed = False
+            if node.alive and node.paused:
+                ctx.cluster.resume(name)
+                resumed = True
+            out[name] = {"node": name, "role": node.role, "pid": node.pid, "resumed": resumed,
+                         "alive": node.alive}
         self.applied = None
-        return {"node": name, "role": node.role, "pid": node.pid, "resumed": resumed, "alive": node.alive}
+        return next(iter(out.values())) if len(out) == 1 else {"nodes": out}

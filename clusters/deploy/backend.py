@@ -35,6 +35,10 @@ class SpecError(ClusterError):
     """A cluster spec that cannot be deployed."""
 
 
+class Unsupported(ClusterError):
+    """A fault this backend (or this deployment of it) cannot apply; the nemesis records it as failed."""
+
+
 @dataclass
 class Node:
     """A snapshot of one host of the cluster and the process it runs (if any)."""
@@ -173,9 +177,34 @@ class Cluster(abc.ABC):
     def heal(self) -> None:
         """Remove every partition and flaky link."""
 
+    def unpartition(self, grudge: Grudge) -> None:
+        """Undo one earlier `partition(grudge)` call only: drops stay in force while another
+        partition still in force holds them (each drop edge is counted per call)."""
+        raise Unsupported(f"{type(self).__name__} cannot undo one partition alone", "heal() undoes all")
+
     def flaky(self, src: str, dst: str, p: float) -> None:
-        """Make src drop a fraction p of the packets it exchanges with dst."""
-        raise NotImplementedError(f"{type(self).__name__} has no flaky links")
+        """Make src drop a fraction p of the packets it exchanges with dst (both directions)."""
+        raise Unsupported(f"{type(self).__name__} has no flaky links")
+
+    # -- disk, power and clock faults ---------------------------------------------------------
+    def wipe(self, name: str) -> dict[str, Any]:
+        """Delete a dead node's data (its identity and config stay): the next start() begins empty."""
+        raise Unsupported(f"{type(self).__name__} cannot wipe a node's disk")
+
+    def power_loss(self, names: Iterable[str]) -> dict[str, Any]:
+        """Kill these nodes at once and lose every write of theirs that was not fsync'ed (the nodes
+        stay down; start() brings them back). Needs the cluster deployed with lazy disks."""
+        raise Unsupported(f"{type(self).__name__} cannot cut power")
+
+    def set_clock(self, name: str, offset_s: float) -> None:
+        """Set a node's wall-clock offset from true time in seconds (0 = true time); takes effect at
+        once in the running process. Needs the cluster deployed with fake clocks."""
+        raise Unsupported(f"{type(self).__name__} cannot skew clocks")
+
+    def exec(self, name: str, argv: list[str], timeout: float = 30.0,
+             **run_kw: Any) -> subprocess.CompletedProcess:
+        """Run a short command on a node's host and wait for it (text output captured): for probes."""
+        raise Unsupported(f"{type(self).__name__} cannot run commands on its hosts")
 
     # -- clients -----------------------------------------------------------------------------
     @abc.abstractmethod

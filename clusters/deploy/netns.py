@@ -569,6 +569,44 @@ class NetnsCluster(Cluster):
         procs.signal_group(pid, signal.SIGKILL, started)
         procs.wait_dead([(pid, started)], 5.0)
 
+    def wipe(self, name: str) -> dict[str, Any]:
+        """Delete everything a stopped node wrote into its data dir (a bookie's journal, entry logs
+        and index; ZooKeeper's snapshots and logs), keeping its identity: the node dir, config.json,
+        node.log, and ZooKeeper's zoo.cfg and myid (which live in its data dir). The next start()
+        begins empty under the same name, address and id. Returns what was deleted."""
+        with self._txn() as state:
+            n = self._entry(state, name)
+            if n["role"] == "client":
+                raise ClusterError(f"{name} is a client host; it has no data to wipe")
+            if n["pid"] and procs.alive(n["pid"], n["pid_start"]):
+                raise ClusterError(f"{name} is running (pid {n['pid']}); its data cannot be wiped under it",
+                                   f"kill or stop it first (`pulsar-chaos cluster kill {name}`)")
+            data = Path(n["data_dir"])
+            keep = {"zoo.cfg", "myid"} if n["role"] == "zookeeper" else set()
+            if n["config"] and Path(n["config"]).parent == data:
+                keep.add(Path(n["config"]).name)
+            files = size = 0
+            removed, kept = [], []
+            for entry in sorted(data.iterdir()) if data.is_dir() else []:
+                if entry.name in keep:
+                    kept.append(entry.name)
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    for root, _dirs, names in os.walk(entry):
+                        for f in names:
+                            files += 1
+                            with contextlib.suppress(OSError):
+                                size += os.lstat(os.path.join(root, f)).st_size
+                    shutil.rmtree(entry)
+                else:
+                    files += 1
+                    size += entry.lstat().st_size
+                    entry.unlink()
+                removed.append(entry.name)
+            n["wiped_at"] = _now()
+        return {"node": name, "data_dir": str(data), "files": files, "bytes": size, "removed": removed,
+                "kept": kept}
+
     def pause(self, name: str) -> None:
         pid, started = self._process(name)
         procs.signal_group(pid, signal.SIGSTOP, started)
@@ -607,18 +645,42 @@ class NetnsCluster(Cluster):
             hostnet.run(["ip", "netns", "exec", ns, "iptables-restore", "--noflush", "-w", "5"],
                         input="*filter\n" + "".join(line + "\n" for line in lines) + "COMMIT\n")
 
+    @staticmethod
+    def _drop_rules(ip: str, op: str = "-A") -> list[str]:
+        return [f"{op} {CHAIN} -s {ip}/32 -j DROP", f"{op} {CHAIN} -d {ip}/32 -j DROP"]
+
     def partition(self, grudge: Grudge) -> None:
+        """Each drop edge is counted per call (state `drop_counts`), so that `unpartition` of one of
+        two overlapping partitions keeps the links the other still cuts."""
         with self._txn() as state:
-            edges = self._resolve_edges(state, grudge_edges(grudge))
-            applied = {tuple(e) for e in state["drops"]}
-            new = sorted(set(edges) - applied)
+            edges = sorted(set(self._resolve_edges(state, grudge_edges(grudge))))
+            counts: dict[str, int] = state.setdefault("drop_counts", {})
+            for a, b in {tuple(e) for e in state["drops"]}:      # a state written before counting
+                counts.setdefault(f"{a}>{b}", 1)
             rules: dict[str, list[str]] = {}
-            for a, b in new:
-                ip = self._address(state, b)
-                rules.setdefault(a, []).extend([f"-A {CHAIN} -s {ip}/32 -j DROP",
-                                                f"-A {CHAIN} -d {ip}/32 -j DROP"])
+            for a, b in edges:
+                key = f"{a}>{b}"
+                if counts.get(key, 0) == 0:
+                    rules.setdefault(a, []).extend(self._drop_rules(self._address(state, b)))
+                counts[key] = counts.get(key, 0) + 1
             self._apply_rules(state, rules)
-            state["drops"] = sorted([list(e) for e in applied | set(new)])
+            state["drops"] = sorted([k.split(">", 1) for k, v in counts.items() if v > 0])
+
+    def unpartition(self, grudge: Grudge) -> None:
+        with self._txn() as state:
+            edges = sorted(set(self._resolve_edges(state, grudge_edges(grudge))))
+            counts: dict[str, int] = state.setdefault("drop_counts", {})
+            rules: dict[str, list[str]] = {}
+            for a, b in edges:
+                key = f"{a}>{b}"
+                if counts.get(key, 0) <= 0:
+                    continue                      # healed meanwhile (heal() clears every count)
+                counts[key] -= 1
+                if counts[key] == 0:
+                    del counts[key]
+                    rules.setdefault(a, []).extend(self._drop_rules(self._address(state, b), "-D"))
+            self._apply_rules(state, rules)
+            state["drops"] = sorted([k.split(">", 1) for k, v in counts.items() if v > 0])
 
     def flaky(self, src: str, dst: str, p: float) -> None:
         if not 0.0 < p <= 1.0:
@@ -639,7 +701,14 @@ class NetnsCluster(Cluster):
             for n in state["nodes"].values():
                 if n["namespace"] in present:
                     hostnet.run(["ip", "netns", "exec", n["namespace"], "iptables", "-w", "5", "-F", CHAIN])
-            state["drops"], state["flaky"] = [], []
+            state["drops"], state["flaky"], state["drop_counts"] = [], [], {}
+
+    def exec(self, name: str, argv: list[str], timeout: float = 30.0,
+             **run_kw: Any) -> subprocess.CompletedProcess:
+        """Run a short command on a node's host (its namespace) and wait for it: for probes."""
+        n = self._entry(self._state(), name)
+        return subprocess.run(["ip", "netns", "exec", n["namespace"], *argv], timeout=timeout,
+                              capture_output=True, text=True, **run_kw)
 
     # ---------------------------------------------------------------- clients
     def run_client(self, argv: list[str], node: str | None = None, **popen_kw: Any) -> subprocess.Popen:
@@ -753,7 +822,7 @@ def _teardown(state: dict[str, Any], force: bool, stop_timeout: float = 10.0) ->
         hostnet.delete_host_rule(rule)
     state["status"] = "down"
     state["down_at"] = _now()
-    state["drops"], state["flaky"] = [], []
+    state["drops"], state["flaky"], state["drop_counts"] = [], [], {}
     if left:
         state["left_running"] = left
     return left

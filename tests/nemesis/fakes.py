@@ -21,6 +21,7 @@ class FakeCluster(Cluster):
                 self._nodes[name] = Node(name=name, role=role, host=f"10.0.0.{base + i}", pid=pid,
                                          ports=dict(ports), alive=True)
         self.drops: set[tuple[str, str]] = set()
+        self.counts: dict[tuple[str, str], int] = {}
         self.calls: list[tuple[str, Any]] = []
         self._next_pid = 5000
 
@@ -85,11 +86,22 @@ class FakeCluster(Cluster):
         for a, b in edges:
             if a not in self._nodes or b not in self._nodes:
                 raise ClusterError(f"unknown node in {a}->{b}")
-        self.drops |= edges | {(b, a) for a, b in edges}
+        for e in edges | {(b, a) for a, b in edges}:
+            self.counts[e] = self.counts.get(e, 0) + 1
+        self.drops = {e for e, n in self.counts.items() if n > 0}
         self.calls.append(("partition", sorted(edges)))
+
+    def unpartition(self, grudge: Grudge) -> None:
+        edges = grudge_edges(grudge)
+        for e in edges | {(b, a) for a, b in edges}:
+            if self.counts.get(e, 0) > 0:
+                self.counts[e] -= 1
+        self.drops = {e for e, n in self.counts.items() if n > 0}
+        self.calls.append(("unpartition", sorted(edges)))
 
     def heal(self) -> None:
         self.drops.clear()
+        self.counts.clear()
         self.calls.append(("heal", None))
 
     def run_client(self, argv: list[str], node: str | None = None, **popen_kw: Any) -> subprocess.Popen:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from harness.history import INFO, INVOKE, OK, Journal, read_jsonl
+from harness.history import FAIL, INFO, INVOKE, OK, Journal, read_jsonl
 from nemesis import grudge as shapes
 from nemesis.base import NemesisContext, NemesisError, lookup_url, normalize_topic
 from nemesis.combine import NemesisRunner
@@ -174,7 +174,7 @@ def test_runner_ops_are_paired_and_leave_nothing_active(tmp_path):
     assert all(n.alive and not n.paused for n in cluster.nodes())
 
 
-def test_failures_are_info_and_the_runner_goes_on(tmp_path):
+def test_a_fault_not_applied_is_fail_an_undo_that_failed_is_info_and_the_runner_goes_on(tmp_path):
     c = FakeCluster()
     j = Journal(tmp_path / "n.jsonl", 0)
     r = NemesisRunner(c, ["zk-isolate", "kill"], 0.0, random.Random(1), j, ["t"])
@@ -196,8 +196,12 @@ def test_failures_are_info_and_the_runner_goes_on(tmp_path):
     j.close()
     ops = list(read_jsonl(j.path))
     infos = [o for o in ops if o.type == INFO]
-    assert any(o.f == "start-zk-isolate" and "no broker answered" in o.error for o in infos)
+    fails = [o for o in ops if o.type == FAIL]
+    assert any(o.f == "start-zk-isolate" and "no broker answered" in o.error for o in fails)
+    assert not any(o.f == "start-zk-isolate" for o in infos)
     assert any(o.f == "stop-kill" and "would not start" in o.error for o in infos)
+    # a failed start is never undone: no stop follows it
+    assert sum(o.f == "stop-zk-isolate" for o in ops) == 0
     assert sum(o.f.startswith("start-") and o.type == INVOKE for o in ops) == 12
     assert ops[-2].f == "heal" and ops[-1].type == OK and ops[-1].value["healed"]
     assert r.active() == [] and all(n.alive for n in c.nodes())
