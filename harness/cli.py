@@ -124,6 +124,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _name_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", default=None, help="cluster name (default: 'default')")
+    p.add_argument("--backend", choices=("netns", "docker"), default="netns",
+                   help="network namespaces (default) or docker containers (`make setup BACKEND=docker`)")
 
 
 def _node_arg(p: argparse.ArgumentParser) -> None:
@@ -143,11 +145,13 @@ def _attach_up(args: argparse.Namespace):
     """The named cluster, which must be up."""
     from clusters.deploy.netns import NetnsCluster, _present
     name = _cluster_name(args)
-    cluster = NetnsCluster.attach(name)
+    if args.backend == "docker":
+        from clusters.deploy.docker import DockerCluster, _present  # noqa: F811
+    cluster = (DockerCluster if args.backend == "docker" else NetnsCluster).attach(name)
     state = cluster._state()
     if state["status"] not in ("up", "starting") or not _present(state):
         raise UserError(f"cluster {name!r} is not up (status: {state['status']})",
-                        f"start it with `pulsar-chaos cluster up{_name_flag(name)}`")
+                        f"start it with `pulsar-chaos cluster up{_name_flag(name)} --backend {args.backend}`")
     return cluster
 
 
@@ -175,6 +179,8 @@ def _cluster_up(args: argparse.Namespace) -> int:
                        zookeepers=args.zookeepers, ensemble=args.ensemble, write_quorum=args.write_quorum,
                        ack_quorum=args.ack_quorum, clients=args.clients, bugs=bugs.parse(args.bug),
                        subnet=args.subnet)
+    if args.backend == "docker":
+        from clusters.deploy.docker import DockerCluster as NetnsCluster  # noqa: F811
     cluster = NetnsCluster(spec)          # validates the spec
     if is_tty():
         print(f"starting cluster {spec.name!r} in {spec.base_dir} ...", file=sys.stderr)
@@ -204,6 +210,8 @@ def _print_nodes(status: dict[str, Any]) -> None:
 @cluster_command("status", "print the cluster's nodes, pids, liveness, logs and URLs as JSON", _name_arg)
 def _cluster_status(args: argparse.Namespace) -> int:
     from clusters.deploy.netns import NetnsCluster
+    if args.backend == "docker":
+        from clusters.deploy.docker import DockerCluster as NetnsCluster  # noqa: F811
     print_json(NetnsCluster.attach(_cluster_name(args)).status())
     return 0
 
@@ -228,6 +236,10 @@ def _down_args(p: argparse.ArgumentParser) -> None:
 def _cluster_down(args: argparse.Namespace) -> int:
     from clusters.deploy import netns
     netns.require_root()
+    if args.force and args.backend == "docker":      # every container and network labelled ours
+        from clusters.deploy.docker import DockerCluster
+        print_json(DockerCluster.cleanup_all(force=True, names=[args.name] if args.name else None))
+        return 0
     if args.force:
         report = netns.NetnsCluster.cleanup_all(force=True, names=[args.name] if args.name else None)
         print_json(report)
@@ -345,9 +357,12 @@ def load_schedule(path: str) -> list[dict[str, Any]]:
     except OSError as e:
         raise SpecError("--nemesis-schedule", f"cannot read {path} ({e.strerror})", "check the path") from None
     try:
-        data: Any = json.loads(text) if text.lstrip().startswith("[") else tomllib.loads(text)
-    except (ValueError, tomllib.TOMLDecodeError) as e:
-        raise SpecError("--nemesis-schedule", f"{path} is neither TOML nor a JSON list ({e})", fix) from None
+        data: Any = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        try:
+            data = json.loads(text)
+        except ValueError:
+            raise SpecError("--nemesis-schedule", f"{path} is neither TOML nor a JSON list ({e})", fix) from None
     if isinstance(data, dict):
         extra = sorted(set(data) - {"fault"})
         if extra:

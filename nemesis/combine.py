@@ -23,7 +23,10 @@ from harness.history import FAIL, INFO, INVOKE, NEMESIS_PROCESS, OK, Journal, Op
 from nemesis.base import Nemesis, NemesisContext
 from nemesis.partition import (ClientLinkNemesis, GrudgeNemesis, IsolateNemesis, PartitionNemesis,
                                PrimariesNemesis, ZkIsolateNemesis)
+from nemesis.power import PowerLossNemesis
 from nemesis.process import KillNemesis, PauseNemesis
+from nemesis.clock import ClockNemesis
+from nemesis.links import FlakyNemesis, SlowNemesis
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +67,14 @@ REGISTRY: dict[str, Entry] = {
                   "with its data", "TARGET"),
     "pause": Entry(lambda p: PauseNemesis(p), "SIGSTOP a random broker or bookie (or TARGET) for the hold, "
                    "then SIGCONT", "TARGET"),
+    "power-loss": Entry(lambda p: PowerLossNemesis(p), "every bookie (or TARGET's nodes) loses power at once: "
+                        "killed, un-fsync'ed writes dropped (lazyfs disks); restarted at the stop", "TARGETS"),
+    "clock": Entry(lambda p: ClockNemesis(p), "bump a random broker's or bookie's (or TARGET's) wall clock by "
+                   "+/-1..300 s, or strobe it every 1..3 s (libfaketime)", "TARGET"),
+    "flaky": Entry(lambda p: FlakyNemesis(p), "drop 20..50% of the packets on one node's (or TARGET's) links "
+                   "to every server, or on 1..3 random server pairs", "TARGET"),
+    "slow": Entry(lambda p: SlowNemesis(p), "hold every packet 50..500 ms each way on one node's (or TARGET's) "
+                  "links to every server, or on 1..3 server pairs (NFQUEUE)", "TARGET"),
 }
 
 
@@ -96,7 +107,12 @@ def make(spec: str) -> Nemesis:
     if param is not None and entry.param == "TARGET":
         from nemesis.targets_hook import check_selector
         check_selector(param)
-    return entry.factory(param)
+    try:
+        return entry.factory(param)
+    except FaultNameError:
+        raise
+    except ValueError as e:          # a parameter the nemesis itself refuses (kill-role:nobody)
+        raise FaultNameError(str(e), f"see `pulsar-chaos run --help` for what {name} takes") from None
 
 
 def help_lines(width: int = 22) -> list[str]:

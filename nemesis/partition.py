@@ -13,7 +13,7 @@ from typing import Any
 from clusters.deploy.backend import Unsupported
 from nemesis import grudge as shapes
 from nemesis.base import Nemesis, NemesisContext, NemesisError, normalize_topic
-from nemesis.targets_hook import draw_topic, resolve
+from nemesis.targets_hook import draw, resolve
 
 SHAPES = ("halves", "one", "bridge", "majorities-ring")
 SERVER_ROLES = ("zookeeper", "bookie", "broker")
@@ -112,14 +112,14 @@ class IsolateNemesis(PartitionNemesis):
     def choose(self, ctx: NemesisContext) -> dict[str, Any]:
         if self.selector is None:
             return super().choose(ctx)
-        return {"shape": "one", "selector": self.selector, **draw_topic(ctx, self.selector)}
+        return {"shape": "one", **draw(ctx, self.selector)}
 
     def start(self, ctx: NemesisContext, plan: dict[str, Any] | None = None) -> dict[str, Any]:
         self._check_idle()
         plan = plan if plan is not None else self.choose(ctx)
         if self.selector is None:
             return super().start(ctx, plan)
-        found = resolve(ctx, self.selector, plan.get("topic") or None)
+        found = resolve(ctx, plan)
         nodes = found["nodes"]
         rest = sorted(set(ctx.names(*SERVER_ROLES)) - set(nodes))
         if not rest:
@@ -172,7 +172,7 @@ class ZkIsolateNemesis(_GrudgeNemesis):
 
     def choose(self, ctx: NemesisContext) -> dict[str, Any]:
         if self.selector is not None:
-            return {"selector": self.selector, **draw_topic(ctx, self.selector)}
+            return {"topic": "", **draw(ctx, self.selector)}
         if not ctx.topics:      # a workload without topics (ledger, register): a random broker or bookie
             pool = ctx.names("broker", "bookie")
             if not pool:
@@ -189,7 +189,7 @@ class ZkIsolateNemesis(_GrudgeNemesis):
             raise NemesisError("zk-isolate: the cluster has no ZooKeeper nodes")
         extra: dict[str, Any] = {}
         if self.selector is not None:
-            found = resolve(ctx, self.selector, topic or None)
+            found = resolve(ctx, plan)
             nodes, extra = found["nodes"], {"selector": self.selector, "target": found, "nodes": found["nodes"]}
             topic = found.get("topic", topic) or ""
         else:
@@ -227,8 +227,8 @@ class ClientLinkNemesis(_GrudgeNemesis):
 
     def choose(self, ctx: NemesisContext) -> dict[str, Any]:
         if self.selector == "owner" and not ctx.topics:
-            return {"selector": "broker", **draw_topic(ctx, "broker")}
-        return {"selector": self.selector, **draw_topic(ctx, self.selector)}
+            return draw(ctx, "broker")
+        return draw(ctx, self.selector)
 
     def start(self, ctx: NemesisContext, plan: dict[str, Any] | None = None) -> dict[str, Any]:
         self._check_idle()
@@ -236,7 +236,7 @@ class ClientLinkNemesis(_GrudgeNemesis):
         clients = ctx.names("client")
         if not clients:
             raise NemesisError("client-link: the cluster has no client hosts (deploy with clients >= 1)")
-        found = resolve(ctx, plan["selector"], plan.get("topic") or None)
+        found = resolve(ctx, plan)
         brokers = set(ctx.names("broker"))
         not_brokers = [n for n in found["nodes"] if n not in brokers]
         if not_brokers:

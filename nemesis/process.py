@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from nemesis.base import Nemesis, NemesisContext, NemesisError
-from nemesis.targets_hook import draw_topic, resolve
+from nemesis.targets_hook import draw, resolve
 
 TARGET_ROLES = ("bookie", "broker")
 
@@ -24,7 +24,7 @@ class _ProcessNemesis(Nemesis):
 
     def choose(self, ctx: NemesisContext) -> dict[str, Any]:
         if self.selector is not None:
-            return {"selector": self.selector, **draw_topic(ctx, self.selector)}
+            return draw(ctx, self.selector)
         pool = ctx.names(*self.roles)        # every node of the roles, not only live ones: the draw
         if not pool:                         # depends on the layout alone
             raise NemesisError(f"{self.name}: the cluster has no {' or '.join(self.roles)} nodes")
@@ -41,10 +41,10 @@ class _ProcessNemesis(Nemesis):
         self._check_idle()
         plan = plan if plan is not None else self.choose(ctx)
         extra: dict[str, Any] = {}
-        if "node" in plan:
+        if "selector" not in plan:
             names = [plan["node"]]
         else:
-            found = resolve(ctx, plan["selector"], plan.get("topic") or None)
+            found = resolve(ctx, plan)
             names, extra = found["nodes"], {"selector": plan["selector"], "target": found}
         nodes = [ctx.cluster.node(n) for n in names]
         for node in nodes:

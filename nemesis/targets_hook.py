@@ -5,24 +5,29 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from nemesis.base import NemesisContext, NemesisError, normalize_topic
+from nemesis.base import NemesisContext
 
-TOPIC_SELECTORS = ("owner", "ledger-bookies")      # resolved for one topic, drawn when the fault is chosen
+
+def draw(ctx: NemesisContext, selector: str) -> dict[str, Any]:
+    """The selector's random draws, made when the fault is chosen: {"selector", "node" or "topic"}."""
+    from nemesis import targets
+    return targets.draw(ctx, selector)
+
+
+def resolve(ctx: NemesisContext, plan: dict[str, Any] | str, topic: str | None = None) -> dict[str, Any]:
+    """The nodes a drawn plan's selector names now: {"selector", "nodes", ...how they were found}.
+    (Also `resolve(ctx, selector, topic)`, which draws now.)"""
+    from nemesis import targets
+    if isinstance(plan, str):
+        return targets.resolve(ctx, plan, topic)
+    return targets.resolve(ctx, plan["selector"], plan=plan)
 
 
 def draw_topic(ctx: NemesisContext, selector: str) -> dict[str, Any]:
-    """The random draw a selector needs before the fault starts: a topic for the per-topic ones."""
-    if selector in TOPIC_SELECTORS:
-        if not ctx.topics:
-            raise NemesisError(f"target {selector!r} needs topics, and this workload has none; "
-                               "use a role (broker, bookie) or a node name")
-        return {"topic": normalize_topic(ctx.rng.choice(sorted(ctx.topics)))}
-    return {}
-
-
-def resolve(ctx: NemesisContext, selector: str, topic: str | None = None) -> dict[str, Any]:
-    from nemesis import targets
-    return targets.resolve(ctx, selector, topic)
+    """`draw` without the selector key."""
+    d = draw(ctx, selector)
+    d.pop("selector", None)
+    return d
 
 
 SELECTORS = ("random", "owner", "ledger-bookies", "zk-leader", "lb-leader", "broker", "bookie", "zookeeper",
