@@ -24,6 +24,7 @@ from nemesis.base import Nemesis, NemesisContext
 from nemesis.partition import (ClientLinkNemesis, GrudgeNemesis, IsolateNemesis, PartitionNemesis,
                                PrimariesNemesis, ZkIsolateNemesis)
 from nemesis.power import PowerLossNemesis
+from nemesis.lifecycle import DiskWipeNemesis, KillRoleNemesis, RollingRestartNemesis
 from nemesis.process import KillNemesis, PauseNemesis
 from nemesis.clock import ClockNemesis
 from nemesis.links import FlakyNemesis, SlowNemesis
@@ -67,8 +68,15 @@ REGISTRY: dict[str, Entry] = {
                   "with its data", "TARGET"),
     "pause": Entry(lambda p: PauseNemesis(p), "SIGSTOP a random broker or bookie (or TARGET) for the hold, "
                    "then SIGCONT", "TARGET"),
-    "power-loss": Entry(lambda p: PowerLossNemesis(p), "every bookie (or TARGET's nodes) loses power at once: "
-                        "killed, un-fsync'ed writes dropped (lazyfs disks); restarted at the stop", "TARGETS"),
+    "rolling-restart": Entry(lambda p: RollingRestartNemesis(p), "every broker (or ROLE) in turn stopped (MODE stop) "
+                             "or killed (kill) and started again, waiting until each is ready", "ROLE+MODE"),
+    "kill-role": Entry(lambda p: KillRoleNemesis(p), "every node of a role (brokers by default) killed at once, "
+                       "all restarted at the stop", "ROLE"),
+    "disk-wipe": Entry(lambda p: DiskWipeNemesis(p), "a bookie (or TARGET) killed, its data deleted, restarted "
+                       "empty with the same identity at the stop", "TARGET"),
+    "power-loss": Entry(lambda p: PowerLossNemesis(p), "every bookie (or TARGETS, joined by +: all-bookie+all-broker) "
+                        "loses power at once: killed, un-fsync'ed writes dropped (lazyfs disks); restarted at the stop",
+                        "TARGETS"),
     "clock": Entry(lambda p: ClockNemesis(p), "bump a random broker's or bookie's (or TARGET's) wall clock by "
                    "+/-1..300 s, or strobe it every 1..3 s (libfaketime)", "TARGET"),
     "flaky": Entry(lambda p: FlakyNemesis(p), "drop 20..50% of the packets on one node's (or TARGET's) links "
