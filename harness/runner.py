@@ -74,6 +74,9 @@ def preflight(spec: TestSpec) -> None:
     from clusters import zookeeper
     from clusters.deploy import netns
     from clusters.deploy.backend import ClusterError
+    if spec.backend == "docker":             # root, docker, a running engine, the node image
+        from clusters.deploy import docker
+        return docker.preflight()
     netns.require_root()
     netns.require_tools()
     try:
@@ -177,9 +180,15 @@ class Run:
         cspec = ClusterSpec(name=self.cluster_name, brokers=spec.brokers, bookies=spec.bookies,
                             zookeepers=spec.zookeepers, ensemble=spec.ensemble, write_quorum=spec.write_quorum,
                             ack_quorum=spec.ack_quorum, clients=1, bugs=dict(spec.bugs))
-        self.cluster = NetnsCluster(cspec)
+        cspec.fake_clocks = ["bookie", "broker"] if "clock" in {str(n).split(":")[0] for n in [*spec.nemesis, *(e.get("name", "") for e in spec.nemesis_schedule)]} else []  # noqa: E501
+        cspec.lazy_disks = ["bookie", "broker"] if "power-loss" in {str(n).split(":")[0] for n in [*spec.nemesis, *(e.get("name", "") for e in spec.nemesis_schedule)]} else []  # noqa: E501
+        if spec.backend == "docker":         # its client container sees the run folder at the same path
+            from clusters.deploy.docker import DockerCluster
+            self.cluster = DockerCluster(cspec, mounts=[self.run_dir.resolve()])
+        else:
+            self.cluster = NetnsCluster(cspec)
         # the name first, so that a runner killed while deploying leaves a way to clean up
-        store.write_json(self.run_dir / store.CLUSTER_JSON, {"name": self.cluster_name, "backend": "netns",
+        store.write_json(self.run_dir / store.CLUSTER_JSON, {"name": self.cluster_name, "backend": spec.backend,
                                                              "base_dir": str(cspec.base_dir), "nodes": []})
         self.progress.phase("deploy")
         t = time.monotonic()

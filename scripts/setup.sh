@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(zookeeper default-jre-headless iproute2 iptables procps)
+APT_PACKAGES=(zookeeper default-jre-headless iproute2 iptables procps libfuse2 fuse3 faketime)
 
 need=()
 for p in "${APT_PACKAGES[@]}"; do

@@ -175,7 +175,7 @@ class Cluster(abc.ABC):
 
     @abc.abstractmethod
     def heal(self) -> None:
-        """Remove every partition and flaky link."""
+        """Remove every partition, flaky link and slow link."""
 
     def unpartition(self, grudge: Grudge) -> None:
         """Undo one earlier `partition(grudge)` call only: drops stay in force while another
@@ -185,6 +185,19 @@ class Cluster(abc.ABC):
     def flaky(self, src: str, dst: str, p: float) -> None:
         """Make src drop a fraction p of the packets it exchanges with dst (both directions)."""
         raise Unsupported(f"{type(self).__name__} has no flaky links")
+
+    def unflaky(self, src: str, dst: str, p: float) -> None:
+        """Undo one earlier `flaky(src, dst, p)` call only (a no-op if heal() undid it already)."""
+        raise Unsupported(f"{type(self).__name__} cannot undo one flaky link alone", "heal() undoes all")
+
+    def slow(self, src: str, dst: str, delay_ms: float) -> None:
+        """Hold every packet src exchanges with dst for delay_ms, each way (a round trip gains twice
+        that), established connections included."""
+        raise Unsupported(f"{type(self).__name__} has no slow links")
+
+    def unslow(self, src: str, dst: str, delay_ms: float) -> None:
+        """Undo one earlier `slow(src, dst, delay_ms)` call only (a no-op if heal() undid it already)."""
+        raise Unsupported(f"{type(self).__name__} cannot undo one slow link alone", "heal() undoes all")
 
     # -- disk, power and clock faults ---------------------------------------------------------
     def wipe(self, name: str) -> dict[str, Any]:

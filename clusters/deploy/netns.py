@@ -26,8 +26,8 @@ from typing import Any
 from clusters import config as node_config
 from clusters import zookeeper
 from clusters.deploy import health as health_checks
-from clusters.deploy import hostnet, procs
-from clusters.deploy.backend import HOST, Cluster, ClusterError, Grudge, Node, grudge_edges
+from clusters.deploy import delay, faketime, hostnet, procs
+from clusters.deploy.backend import HOST, Cluster, ClusterError, Grudge, Node, Unsupported, grudge_edges
 from clusters.deploy.spec import DEPLOY_BROKER_DEFAULTS, ROOT, ClusterSpec
 
 STATE_VERSION = 1
@@ -209,7 +209,7 @@ class NetnsCluster(Cluster):
             "detached": False, "base_dir": str(self.base_dir), "spec": self.spec.to_json(),
             "subnet": subnet, "host_address": f"{net}.1",
             "bridge": {"name": self.bridge, "address": f"{net}.1/24"},
-            "host_rules": [], "nodes": nodes, "clients": [], "drops": [], "flaky": [],
+            "host_rules": [], "nodes": nodes, "clients": [], "drops": [], "flaky": [], "slow": [],
         }
 
     # ---------------------------------------------------------------- inventory
@@ -275,7 +275,7 @@ class NetnsCluster(Cluster):
                                    if n["role"] == "zookeeper"),
             "subnet": state["subnet"], "host_address": state["host_address"], "bridge": state["bridge"]["name"],
             "spec": state["spec"], "nodes": nodes,
-            "partitions": state["drops"], "flaky": state["flaky"],
+            "partitions": state["drops"], "flaky": state["flaky"], "slow": state.get("slow", []),
             "clients": [{**c, "alive": procs.alive(c["pid"], c["pid_start"])} for c in state["clients"]],
         }
 
@@ -398,6 +398,38 @@ class NetnsCluster(Cluster):
             f"-A OUTPUT -j {CHAIN}\n"
             "COMMIT\n"))
         Path(n["data_dir"]).mkdir(parents=True, exist_ok=True)
+        if n["role"] in self.spec.lazy_disks:
+            self._mount_lazy(name)
+
+    def _mount_lazy(self, name: str) -> None:
+        """Mount lazyfs (clusters/deploy/lazyfs.py) at the node's data dir, backed by <node dir>/disk;
+        its daemon (a child of this process, in the host's namespaces) is recorded in the node's
+        state entry under "lazyfs" before we wait for the mount."""
+        from clusters.deploy import lazyfs
+        with self._txn() as state:
+            n = state["nodes"][name]
+            node_dir, mnt = Path(n["dir"]), Path(n["data_dir"])
+            backing = node_dir / "disk"
+            backing.mkdir(parents=True, exist_ok=True)
+            sock = node_dir / "lazyfs.sock"
+            if len(str(sock)) > 100:          # AF_UNIX paths are limited to 108 bytes
+                sock = ROOT.parent / "lazyfs" / f"{self.id}-{name}.sock"
+                sock.parent.mkdir(parents=True, exist_ok=True)
+            log_path = node_dir / "lazyfs.log"
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen(lazyfs.command(backing, mnt, sock, fsname=f"{hostnet.PREFIX}{self.id}-{name}"),
+                                        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        cwd=str(node_dir), start_new_session=True)
+            procs.adopt(proc)
+            started = procs.start_time(proc.pid)
+            n["lazyfs"] = {"pid": proc.pid, "pid_start": started, "control": str(sock),
+                           "mountpoint": str(mnt), "backing": str(backing), "log": str(log_path)}
+        try:
+            lazyfs.wait_ready(mnt, sock, timeout=30.0, alive=lambda: procs.alive(proc.pid, started))
+        except lazyfs.LazyFSError as e:
+            last = _last_line(log_path)
+            raise ClusterError(f"{name}: {e}" + (f": {last}" if last else ""),
+                               f"read {log_path}; lazy disks need /dev/fuse, libfuse2 and fusepy (`make setup`)") from None
 
     def _start_all(self) -> None:
         state = self._state()
@@ -447,6 +479,10 @@ class NetnsCluster(Cluster):
                 log.write(f"=== pulsar-chaos {_now()}: starting {name} in {n['namespace']}\n".encode())
                 log.flush()
                 env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+                if n["role"] in self.spec.fake_clocks:      # its wall clock follows set_clock()
+                    n["clock_offset"] = n.get("clock_offset") or 0.0   # a restart keeps the offset
+                    n["clock_file"] = str(faketime.ensure_file(Path(n["dir"]), n["clock_offset"]))
+                    env = faketime.environment(env, Path(n["clock_file"]))
                 proc = subprocess.Popen(["ip", "netns", "exec", n["namespace"], *n["argv"]],
                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                         cwd=n["dir"], env=env, start_new_session=True)
@@ -569,6 +605,63 @@ class NetnsCluster(Cluster):
         procs.signal_group(pid, signal.SIGKILL, started)
         procs.wait_dead([(pid, started)], 5.0)
 
+    def power_loss(self, names: Iterable[str]) -> dict[str, Any]:
+        """Cut the power of these nodes at once: freeze their lazyfs mounts (writes wait), SIGKILL every
+        named node's process group, `crash` each mount (what was not fsync'ed is gone; the held writes
+        fail), wait until the processes are dead, thaw the mounts. Nodes already dead lose their
+        un-fsync'ed writes too. They stay down until start(). Returns {node: {"dropped_bytes",
+        "dropped_files", "removed_files", "pid"}} (pid: the process killed, or None)."""
+        from clusters.deploy import lazyfs
+        from clusters.deploy.backend import Unsupported
+        names = list(dict.fromkeys(names))
+        if not names:
+            raise ClusterError("power_loss needs at least one node name")
+        state = self._state()
+        entries = [self._entry(state, name) for name in names]
+        bare = [n for n in entries if not (n.get("lazyfs") or {}).get("pid")]
+        if bare:
+            roles = sorted({n["role"] for n in bare})
+            raise Unsupported(f"{', '.join(n['name'] for n in bare)}: no lazy disk, so a power loss cannot drop "
+                              "un-fsync'ed writes", f"deploy with ClusterSpec(lazy_disks={roles!r}) (the runner "
+                              "does it when the power-loss nemesis is in the run)")
+        down = [n["name"] for n in entries if not procs.alive(n["lazyfs"]["pid"], n["lazyfs"]["pid_start"])]
+        if down:
+            raise ClusterError(f"the lazyfs daemon of {', '.join(down)} is not running",
+                               "take the cluster down and up again")
+        socks = {n["name"]: n["lazyfs"]["control"] for n in entries}
+        victims = {n["name"]: (n["pid"], n["pid_start"]) for n in entries
+                   if n["pid"] and procs.alive(n["pid"], n["pid_start"])}
+        frozen: list[str] = []
+        try:
+            for name in names:
+                lazyfs.control(socks[name], "freeze")
+                frozen.append(name)
+        except lazyfs.LazyFSError as e:
+            for name in frozen:
+                with contextlib.suppress(lazyfs.LazyFSError):
+                    lazyfs.control(socks[name], "thaw")
+            raise ClusterError(f"power loss not applied: {e}", "check the node's lazyfs.log") from None
+        for pid, started in victims.values():            # all at once: nothing runs between the kills
+            procs.signal_group(pid, signal.SIGKILL, started)
+        out: dict[str, Any] = {}
+        errors = []
+        for name in names:
+            try:
+                r = lazyfs.control(socks[name], "crash")
+                out[name] = {"dropped_bytes": r["dropped_bytes"], "dropped_files": r["dropped_files"],
+                             "removed_files": r["removed_files"], "pid": victims.get(name, (None,))[0]}
+            except lazyfs.LazyFSError as e:
+                errors.append(f"{name}: {e}")
+        left = procs.wait_dead(list(victims.values()), 10.0)
+        for name in names:
+            with contextlib.suppress(lazyfs.LazyFSError):
+                lazyfs.control(socks[name], "thaw")
+        if left:
+            errors.append(f"pids {[p for p, _ in left]} still alive 10 s after SIGKILL")
+        if errors:
+            raise ClusterError("power loss incomplete: " + "; ".join(errors), "check the nodes' lazyfs.log")
+        return out
+
     def wipe(self, name: str) -> dict[str, Any]:
         """Delete everything a stopped node wrote into its data dir (a bookie's journal, entry logs
         and index; ZooKeeper's snapshots and logs), keeping its identity: the node dir, config.json,
@@ -682,18 +775,103 @@ class NetnsCluster(Cluster):
             self._apply_rules(state, rules)
             state["drops"] = sorted([k.split(">", 1) for k, v in counts.items() if v > 0])
 
+    def _link(self, state: dict[str, Any], src: str, dst: str, what: str) -> tuple[str, str]:
+        """One link (a, b) of two different nodes; `host` goes right (its rules live in a's namespace)."""
+        (a, b), = self._resolve_edges(state, {(src, dst)}) or [(None, None)]
+        if a is None or a == b:
+            raise ClusterError(f"{what} needs two different nodes, got {src!r} and {dst!r}")
+        return a, b
+
+    @staticmethod
+    def _flaky_rules(ip: str, p: float, op: str = "-A") -> list[str]:
+        stat = f"-m statistic --mode random --probability {p:.6f}"
+        return [f"{op} {CHAIN} -s {ip}/32 {stat} -j DROP", f"{op} {CHAIN} -d {ip}/32 {stat} -j DROP"]
+
     def flaky(self, src: str, dst: str, p: float) -> None:
         if not 0.0 < p <= 1.0:
             raise ClusterError(f"drop probability {p} out of range", "use 0 < p <= 1")
         with self._txn() as state:
-            (a, b), = self._resolve_edges(state, {(src, dst)}) or [(None, None)]
-            if a is None:
-                raise ClusterError("flaky needs two different nodes")
-            ip = self._address(state, b)
-            stat = f"-m statistic --mode random --probability {p:.6f}"
-            self._apply_rules(state, {a: [f"-A {CHAIN} -s {ip}/32 {stat} -j DROP",
-                                          f"-A {CHAIN} -d {ip}/32 {stat} -j DROP"]})
+            a, b = self._link(state, src, dst, "flaky")
+            self._apply_rules(state, {a: self._flaky_rules(self._address(state, b), p)})
             state["flaky"].append([a, b, p])
+
+    def unflaky(self, src: str, dst: str, p: float) -> None:
+        """Delete the two rules of one earlier flaky(src, dst, p) (iptables -D: the same rule text);
+        a no-op when heal() removed them meanwhile."""
+        with self._txn() as state:
+            a, b = self._link(state, src, dst, "unflaky")
+            for i, (x, y, q) in enumerate(state["flaky"]):
+                if (x, y) == (a, b) and f"{q:.6f}" == f"{p:.6f}":
+                    self._apply_rules(state, {a: self._flaky_rules(self._address(state, b), q, "-D")})
+                    del state["flaky"][i]
+                    return
+
+    # slow links: an NFQUEUE delay daemon per slow() call (clusters/deploy/delay.py)
+    def slow(self, src: str, dst: str, delay_ms: float) -> None:
+        d = delay.check_delay(delay_ms)
+        with self._txn() as state:
+            a, b = self._link(state, src, dst, "slow")
+            n = state["nodes"][a]
+            state["slow_seq"] = queue = state.get("slow_seq", 0) + 1      # NFQUEUE numbers, never reused
+            base = Path(n["dir"]) / f"delay-q{queue}"
+            ready, log_path = base.with_suffix(".ready"), base.with_suffix(".log")
+            ready.unlink(missing_ok=True)
+            entry = {"src": a, "dst": b, "delay_ms": d, "queue": queue, "namespace": n["namespace"],
+                     "netns_ino": n["netns_ino"], "pid": None, "pid_start": None, "log": str(log_path),
+                     "rules": delay.rules(self._address(state, b), queue)}
+            state.setdefault("slow", []).append(entry)              # recorded before it exists
+            delay.ensure_chain(n["namespace"])
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen(["ip", "netns", "exec", n["namespace"],
+                                         *delay.argv(queue, d, n["namespace"], ready)],
+                                        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True)
+            procs.adopt(proc)
+            entry["pid"], entry["pid_start"] = proc.pid, procs.start_time(proc.pid)
+            try:
+                delay.wait_ready(lambda: procs.alive(entry["pid"], entry["pid_start"]), ready, log_path)
+            except BaseException:
+                procs.terminate([(entry["pid"], entry["pid_start"])], 2.0)
+                state["slow"].remove(entry)
+                raise
+            ready.unlink(missing_ok=True)
+            self._apply_rules(state, {a: entry["rules"]})
+
+    def unslow(self, src: str, dst: str, delay_ms: float) -> None:
+        """Undo one earlier slow(src, dst, delay_ms): delete its two rules, end its daemon (which lets
+        what it holds go at once); a no-op when heal() undid it meanwhile."""
+        with self._txn() as state:
+            a, b = self._link(state, src, dst, "unslow")
+            links = state.get("slow", [])
+            for i, e in enumerate(links):
+                if (e["src"], e["dst"]) == (a, b) and float(e["delay_ms"]) == float(delay_ms):
+                    self._end_slow(state, [e])
+                    del links[i]
+                    return
+
+    def _end_slow(self, state: dict[str, Any], links: list[dict[str, Any]]) -> None:
+        present = set(hostnet.netns_list())
+        for e in links:
+            if e["namespace"] in present:
+                deletes = [r.replace("-A ", "-D ", 1) for r in e["rules"]]
+                hostnet.run(["ip", "netns", "exec", e["namespace"], "iptables-restore", "--noflush", "-w", "5"],
+                            input="*filter\n" + "".join(r + "\n" for r in deletes) + "COMMIT\n", check=False)
+        procs.terminate([(e["pid"], e["pid_start"]) for e in links
+                         if e.get("pid") and _ours(e["pid"], e["pid_start"], e["namespace"], e.get("netns_ino"))],
+                        5.0)
+
+    def set_clock(self, name: str, offset_s: float) -> None:
+        """Write the node's libfaketime offset file (atomically); its process reads it within ~1 s."""
+        with self._txn() as state:
+            n = self._entry(state, name)
+            if n["role"] not in self.spec.fake_clocks:
+                raise Unsupported(f"{name} runs on the true clock: this cluster fakes the clocks of "
+                                  f"{', '.join(self.spec.fake_clocks) or 'no role'}",
+                                  f"deploy with ClusterSpec(fake_clocks=[..., {n['role']!r}])")
+            path = Path(n.get("clock_file") or Path(n["dir"]) / faketime.CLOCK_FILE)
+            faketime.write_offset(path, offset_s)
+            n["clock_file"], n["clock_offset"] = str(path), float(offset_s)
 
     def heal(self) -> None:
         with self._txn() as state:
@@ -702,6 +880,13 @@ class NetnsCluster(Cluster):
                 if n["namespace"] in present:
                     hostnet.run(["ip", "netns", "exec", n["namespace"], "iptables", "-w", "5", "-F", CHAIN])
             state["drops"], state["flaky"], state["drop_counts"] = [], [], {}
+            self._end_slow(state, state.get("slow", []))
+            state["slow"] = []
+            if state.get("slow_seq"):          # also rules a killed slow() call may have left
+                for n in state["nodes"].values():
+                    if n["namespace"] in present:
+                        hostnet.run(["ip", "netns", "exec", n["namespace"], "iptables", "-w", "5", "-F",
+                                     delay.CHAIN], check=False)
 
     def exec(self, name: str, argv: list[str], timeout: float = 30.0,
              **run_kw: Any) -> subprocess.CompletedProcess:
@@ -787,6 +972,18 @@ def _ours(pid: int, started: int | None, namespace: str, ino: int | None) -> boo
         return False
 
 
+def _stop_lazy_disks(nodes: Iterable[dict[str, Any]], timeout: float) -> None:
+    """End the recorded lazyfs daemons (by pid and start time; SIGTERM unmounts) once the node
+    processes are stopped, then detach any of their mounts still there."""
+    from clusters.deploy import lazyfs
+    lazy = [n["lazyfs"] for n in nodes if n.get("lazyfs")]
+    daemons = [(d["pid"], d["pid_start"]) for d in lazy if d.get("pid") and procs.alive(d["pid"], d["pid_start"])]
+    if daemons:
+        procs.terminate(daemons, timeout)
+    for d in lazy:
+        lazyfs.unmount(d["mountpoint"])
+
+
 def _teardown(state: dict[str, Any], force: bool, stop_timeout: float = 10.0) -> dict[str, list[int]]:
     """Stop the recorded processes, delete links, namespaces, bridge and host rules; mark the state down.
 
@@ -801,8 +998,11 @@ def _teardown(state: dict[str, Any], force: bool, stop_timeout: float = 10.0) ->
         if "client" in roles:
             targets += [(c["pid"], c["pid_start"]) for c in state.get("clients", [])
                         if _ours(c["pid"], c["pid_start"], c["namespace"], c.get("netns_ino"))]
+            targets += [(e["pid"], e["pid_start"]) for e in state.get("slow", [])          # delay daemons
+                        if e.get("pid") and _ours(e["pid"], e["pid_start"], e["namespace"], e.get("netns_ino"))]
         if targets:
             procs.terminate(targets, 3.0 if force else stop_timeout)
+    _stop_lazy_disks(nodes.values(), 3.0 if force else stop_timeout)
     left: dict[str, list[int]] = {}
     spaces = set(hostnet.netns_list())
     links = set(hostnet.link_names())
@@ -823,6 +1023,7 @@ def _teardown(state: dict[str, Any], force: bool, stop_timeout: float = 10.0) ->
     state["status"] = "down"
     state["down_at"] = _now()
     state["drops"], state["flaky"], state["drop_counts"] = [], [], {}
+    state["slow"] = []
     if left:
         state["left_running"] = left
     return left
@@ -858,4 +1059,9 @@ def _sweep(ids: set[str] | None, spare: set[str] = frozenset()) -> dict[str, Any
         if (cid in ids) if ids is not None else (cid not in spare):
             hostnet.delete_host_rule(rule)
             out["host_rules"] += 1
+    from clusters.deploy import lazyfs
+    for m in lazyfs.mounts():             # lazyfs mounts are named pc-<id>-<node>; their daemons
+        if mine(m["source"]):             # exit once unmounted
+            lazyfs.unmount(m["mountpoint"])
+            out.setdefault("mounts", []).append(m["mountpoint"])
     return out

@@ -16,6 +16,11 @@ from clusters.deploy.backend import SpecError
 ROOT = Path("/tmp/pulsar-chaos/clusters")
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,23}$")
 MAX_PER_ROLE = {"zookeeper": 5, "bookie": 39, "broker": 39, "client": 9}
+# our own (Python) node processes; ZooKeeper (Java) always runs on the true clock
+FAKE_CLOCK_ROLES = ("bookie", "broker")
+# roles whose data dir can be a lazyfs mount (ZooKeeper's zoo.cfg and myid live in its data dir,
+# written once by the deploy without fsync, so a power loss would take its identity)
+LAZY_DISK_ROLES = ("bookie", "broker")
 
 
 # Broker settings every deployed cluster starts from (a spec's broker_config overrides them).
@@ -66,6 +71,11 @@ class ClusterSpec:
     broker_config: dict[str, Any] = field(default_factory=dict)
     base_dir: Path | None = None       # default ROOT/<name>
     subnet: str | None = None          # an IPv4 /24; default: the first free 10.213.X.0/24
+    # roles whose processes run under libfaketime, so that set_clock() can skew their wall clocks
+    fake_clocks: list[str] = field(default_factory=list)
+    # roles whose data dirs are lazyfs mounts (clusters/deploy/lazyfs.py), so that power_loss() can
+    # drop what their processes did not fsync
+    lazy_disks: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.base_dir is None:
@@ -102,6 +112,16 @@ class ClusterSpec:
             bad = sorted(set(extra) - known)
             if bad:
                 raise SpecError(f"unknown {role} setting(s) {bad}", f"use one of: {', '.join(sorted(known))}")
+        if not isinstance(self.fake_clocks, (list, tuple)) or any(r not in FAKE_CLOCK_ROLES
+                                                                 for r in self.fake_clocks):
+            raise SpecError(f"fake_clocks={self.fake_clocks!r}: only {' and '.join(FAKE_CLOCK_ROLES)} "
+                            "processes can run on a fake clock",
+                            "use fake_clocks=['bookie', 'broker'] or a part of it, or [] for true clocks")
+        if not isinstance(self.lazy_disks, (list, tuple)) or any(r not in LAZY_DISK_ROLES for r in self.lazy_disks) \
+                or len(set(self.lazy_disks)) != len(self.lazy_disks):
+            raise SpecError(f"lazy_disks={self.lazy_disks!r}: only {' and '.join(LAZY_DISK_ROLES)} data dirs "
+                            "can be lazyfs mounts, each named once",
+                            "use lazy_disks=['bookie'] (or ['bookie', 'broker']), or [] for plain disks")
         if self.subnet is not None:
             try:
                 net = ipaddress.IPv4Network(self.subnet)
