@@ -1,10 +1,17 @@
 # pulsar-chaos: `make run` (a default run end to end), `make test` (every test). Both set up first.
-.PHONY: setup run test test-fast bench clean-clusters
+.PHONY: setup run test test-fast bench clean-clusters docker-image
 VENV ?= .venv
 PYTEST_ARGS ?=
+# `make setup BACKEND=docker` (or PULSAR_CHAOS_BACKEND=docker) also sets up the docker backend
+BACKEND ?= $(PULSAR_CHAOS_BACKEND)
 
 setup:
 	@./scripts/setup.sh
+	@if [ "$(BACKEND)" = docker ]; then ./scripts/docker-setup.sh; fi
+
+# the docker backend's node image (installs and starts docker first if needed); skipped when up to date
+docker-image:
+	@./scripts/docker-setup.sh
 
 run: setup
 	$(VENV)/bin/pulsar-chaos run --time-limit 60

@@ -87,12 +87,13 @@ class ZooKeeperNode:
         cfg.write_text("\n".join(lines) + "\n")
         return cfg
 
-    def command(self) -> list[str]:
-        """The argv that runs this member in the foreground (logs go to stdout/stderr)."""
+    def command(self, java: str | None = None, cp: str | None = None) -> list[str]:
+        """The argv that runs this member in the foreground (logs go to stdout/stderr). `java` and
+        `cp`: the java binary and classpath where it will run (default: this host's, checked)."""
         cfg = self.write_config()
-        return [java_binary(), f"-Xmx{self.heap_mb}m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+        return [java or java_binary(), f"-Xmx{self.heap_mb}m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
                 "-Dzookeeper.jmx.log4j.disable=true", "-Dorg.slf4j.simpleLogger.showDateTime=true",
-                "-cp", classpath(), "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg)]
+                "-cp", cp or classpath(), "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg)]
 
 
 def four_letter(host: str, port: int, word: str = "ruok", timeout: float = 1.0) -> str:

@@ -85,3 +85,22 @@ def test_bad_schedule_file_is_a_one_line_usage_error(tmp_path):
     p = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--nemesis-schedule", str(bad)],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 254 and "unknown target 'nobody'" in p.stderr, p.stderr
+
+
+# (the netns case without fencing is tests/workloads/test_pulsar_workloads_run.py)
+@pytest.mark.parametrize("backend, fencing", [("netns", True), pytest.param("docker", True, marks=pytest.mark.docker),
+                                              pytest.param("docker", False, marks=pytest.mark.docker)])
+def test_zk_isolate_of_the_owner_is_valid_with_fencing_and_invalid_without(tmp_path, backend, fencing):
+    """The harness issue's split brain on both backends: the owner cut from ZooKeeper only (15 s, so
+    its 6 s session expires and the other broker takes the topic over). With recovery fencing the
+    new owner fences the old ledger and the run is valid; without it the old owner keeps
+    acknowledging writes nobody will read."""
+    from tests.workloads.runs import run
+    code, res, out, _ = run(tmp_path, f"zk{backend[0]}", backend=backend, time_limit=35.0,
+                            nemesis=["zk-isolate"], nemesis_interval=15.0,
+                            bugs={} if fencing else {"broker.recovery_fencing": False})
+    if fencing:
+        assert code == 0 and res["valid"] is True, (out, {k: c["anomalies"] for k, c in res["checkers"].items()})
+    else:
+        assert code == 1 and res["valid"] is False, out
+        assert res["checkers"]["log"]["anomalies"].get("lost"), res["checkers"]["log"]["anomalies"].keys()
