@@ -141,13 +141,25 @@ def _name_flag(name: str) -> str:
     return "" if name == "default" else f" --name {name}"
 
 
+def _backend_module(backend: str):
+    """The deploy module of a backend name (netns or docker)."""
+    if backend == "docker":
+        from clusters.deploy import docker
+        return docker
+    from clusters.deploy import netns
+    return netns
+
+
+def _cluster_class(backend: str):
+    mod = _backend_module(backend)
+    return mod.DockerCluster if backend == "docker" else mod.NetnsCluster
+
+
 def _attach_up(args: argparse.Namespace):
     """The named cluster, which must be up."""
-    from clusters.deploy.netns import NetnsCluster, _present
+    _present = _backend_module(args.backend)._present
     name = _cluster_name(args)
-    if args.backend == "docker":
-        from clusters.deploy.docker import DockerCluster, _present  # noqa: F811
-    cluster = (DockerCluster if args.backend == "docker" else NetnsCluster).attach(name)
+    cluster = _cluster_class(args.backend).attach(name)
     state = cluster._state()
     if state["status"] not in ("up", "starting") or not _present(state):
         raise UserError(f"cluster {name!r} is not up (status: {state['status']})",
@@ -173,15 +185,12 @@ def _up_args(p: argparse.ArgumentParser) -> None:
                  _up_args)
 def _cluster_up(args: argparse.Namespace) -> int:
     from clusters import bugs
-    from clusters.deploy.netns import NetnsCluster
     from clusters.deploy.spec import ClusterSpec
     spec = ClusterSpec(name=_cluster_name(args), brokers=args.brokers, bookies=args.bookies,
                        zookeepers=args.zookeepers, ensemble=args.ensemble, write_quorum=args.write_quorum,
                        ack_quorum=args.ack_quorum, clients=args.clients, bugs=bugs.parse(args.bug),
                        subnet=args.subnet)
-    if args.backend == "docker":
-        from clusters.deploy.docker import DockerCluster as NetnsCluster  # noqa: F811
-    cluster = NetnsCluster(spec)          # validates the spec
+    cluster = _cluster_class(args.backend)(spec)          # validates the spec
     if is_tty():
         print(f"starting cluster {spec.name!r} in {spec.base_dir} ...", file=sys.stderr)
     try:
@@ -209,10 +218,7 @@ def _print_nodes(status: dict[str, Any]) -> None:
 
 @cluster_command("status", "print the cluster's nodes, pids, liveness, logs and URLs as JSON", _name_arg)
 def _cluster_status(args: argparse.Namespace) -> int:
-    from clusters.deploy.netns import NetnsCluster
-    if args.backend == "docker":
-        from clusters.deploy.docker import DockerCluster as NetnsCluster  # noqa: F811
-    print_json(NetnsCluster.attach(_cluster_name(args)).status())
+    print_json(_cluster_class(args.backend).attach(_cluster_name(args)).status())
     return 0
 
 
