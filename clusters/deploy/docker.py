@@ -383,7 +383,7 @@ class DockerCluster(Cluster):
     # ---------------------------------------------------------------- inventory
     def _node_of(self, n: dict[str, Any], st: dict[str, Any] | None) -> Node:
         running = bool(st and st.get("Running"))
-        pid = (st or {}).get("Pid") or n["pid"] if running else n["pid"]
+        pid = (st.get("Pid") or n["pid"]) if running else n["pid"]     # type: ignore[union-attr]
         return Node(name=n["name"], role=n["role"], host=n["host"], pid=pid, ports=dict(n["ports"]),
                     log=Path(n["log"]), data_dir=Path(n["data_dir"]),
                     config=Path(n["config"]) if n["config"] else None, namespace=n["container"],
@@ -863,15 +863,30 @@ class DockerCluster(Cluster):
             state["drops"] = sorted([k.split(">", 1) for k, v in counts.items() if v > 0])
             self._sync_rules(state, changed)
 
+    def _link(self, state: dict[str, Any], src: str, dst: str, what: str) -> tuple[str, str]:
+        """One link (a, b) of two different nodes; `host` goes right (its rules live in a's container)."""
+        (a, b), = self._resolve_edges(state, {(src, dst)}) or [(None, None)]
+        if a is None or a == b:
+            raise ClusterError(f"{what} needs two different nodes, got {src!r} and {dst!r}")
+        return a, b
+
     def flaky(self, src: str, dst: str, p: float) -> None:
         if not 0.0 < p <= 1.0:
             raise ClusterError(f"drop probability {p} out of range", "use 0 < p <= 1")
         with self._txn() as state:
-            (a, b), = self._resolve_edges(state, {(src, dst)}) or [(None, None)]
-            if a is None:
-                raise ClusterError("flaky needs two different nodes")
+            a, b = self._link(state, src, dst, "flaky")
             state["flaky"].append([a, b, p])
             self._sync_rules(state, [a])
+
+    def unflaky(self, src: str, dst: str, p: float) -> None:
+        """Undo one earlier flaky(src, dst, p); a no-op when heal() removed it meanwhile."""
+        with self._txn() as state:
+            a, b = self._link(state, src, dst, "unflaky")
+            for i, (x, y, q) in enumerate(state["flaky"]):
+                if (x, y) == (a, b) and f"{q:.6f}" == f"{p:.6f}":
+                    del state["flaky"][i]
+                    self._sync_rules(state, [a])
+                    return
 
     def heal(self) -> None:
         with self._txn() as state:

@@ -78,7 +78,7 @@ def test_nodes_up_and_healthy(cluster):
         assert node.alive and not node.paused, node
         if node.role != "client":
             assert health_checks.DEFAULT[node.role](node), f"{node.name} not healthy"
-        assert node.log.read_text().startswith(f"=== pulsar-chaos ")
+        assert node.log.read_text().startswith("=== pulsar-chaos ")
         info = docker_json("inspect", node.namespace)[0]
         assert info["Config"]["Labels"][LABEL] == cluster.name
         assert info["NetworkSettings"]["Networks"][cluster.network]["IPAddress"] == node.host
@@ -118,6 +118,10 @@ def test_partition_blocks_exactly_the_grudge_and_heal_restores(cluster):
         assert health_checks.tcp_accepts(b1.host, 6650, timeout=1.5)
         cluster.flaky("bookie-3", "broker-1", 1.0)         # p=1: every packet of that link dropped
         assert probe_from(cluster, "bookie-3", [(b1.host, 6650), (b2.host, 6650)]) == ["timeout", "ok"]
+        cluster.unflaky("bookie-3", "broker-1", 1.0)
+        assert probe_from(cluster, "bookie-3", [(b1.host, 6650), (b2.host, 6650)]) == ["ok", "ok"]
+        cluster.flaky("bookie-3", "broker-1", 1.0)         # left for heal()
+        assert cluster.status()["flaky"] == [["bookie-3", "broker-1", 1.0]]
     finally:
         cluster.heal()
     assert cluster.status()["partitions"] == [] and cluster.status()["flaky"] == []

@@ -7,7 +7,9 @@ BookKeeper's durability claim: "journalSyncData: Flush journal data to disk befo
 the write" (https://bookkeeper.apache.org/docs/reference/config, Journal settings)."""
 from __future__ import annotations
 
+import json
 import random
+import shutil
 import threading
 import time
 import uuid
@@ -38,6 +40,7 @@ def cluster():
             c.down()
         finally:
             NetnsCluster.cleanup_all(force=True, names=[c.name])
+            shutil.rmtree(c.base_dir, ignore_errors=True)
 
 
 def produce(client, topic: str, values: range) -> list[int]:
@@ -144,13 +147,25 @@ def _run(tmp_path, bugs: dict) -> tuple[int, dict, str]:
     return code, res, out
 
 
+def res_dir(tmp_path):
+    return next(tmp_path.glob("power-*/2*"))
+
+
 def test_run_with_ack_before_fsync_reports_lost_messages(tmp_path):
     """Bookies that acknowledge before fsync (bookie.ack_before_fsync: BookKeeper's
-    journalSyncData=false) lose acknowledged entries when every bookie and broker loses power."""
+    journalSyncData=false) lose acknowledged entries when every bookie and broker loses power: the
+    log checker finds acknowledged messages missing from the final reads, the fencing checker
+    acknowledged entries above the ends that ledger recovery gave their ledgers."""
     code, res, out = _run(tmp_path, {"bookie.ack_before_fsync": True})
-    log = res["checkers"]["log"]
+    log, fencing = res["checkers"]["log"], res["checkers"]["fencing"]
     assert code == 1 and res["valid"] is False, out
     assert log["valid"] is False and len(log["anomalies"]["lost"]) > 0, out
+    assert fencing["valid"] is False and len(fencing["anomalies"]["beyond-close"]) > 0, out
+    history = [json.loads(line) for line in (res_dir(tmp_path) / "history.jsonl").open()]
+    starts = [op for op in history if op["f"] == "start-power-loss" and op["type"] == "ok"]
+    assert starts and all(op["value"]["nodes"] == ["bookie-1", "bookie-2", "bookie-3", "broker-1", "broker-2"]
+                          for op in starts)
+    assert sum(op["value"]["dropped_bytes"] for op in starts) > 0
 
 
 def test_run_with_default_bookies_loses_nothing(tmp_path):

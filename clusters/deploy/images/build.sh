@@ -20,7 +20,8 @@ CACHE=${PULSAR_CHAOS_IMAGE_CACHE:-/var/cache/pulsar-chaos}
 IMAGE=pulsar-chaos-node
 BASE_IMAGE=pulsar-chaos-base
 BASE_RECIPE=1            # bump when the debootstrap recipe below changes: a new base is built
-KEEP_TAGS=3              # older pulsar-chaos-node:<hash> tags than the newest 3 are removed
+KEEP_TAGS=3              # pulsar-chaos-node:<hash> tags older than the newest 3 and than
+PRUNE_AGE_S=86400        #   a day are removed
 export DOCKER_BUILDKIT=0 # the classic builder: the same on docker 20.10 and later, no buildx needed
 
 die() { echo "error: $1 (fix: $2)" >&2; exit 2; }
@@ -88,8 +89,13 @@ if ! docker build --build-arg BASE="$base" --build-arg INPUTS="$hash" \
   die "docker build failed; see $CACHE/build.log" "check access to PyPI from containers, then rerun 'make docker-image'"
 fi
 
-# forget old builds (an image a container still uses stays: rmi refuses it)
+# forget old builds: beyond the newest few, those a day old (a build of other sources shares all
+# but its last layers, ~2 MB; a test session may still pin a recent one; rmi refuses an image in use)
+now=$(date +%s)
 docker images "$IMAGE" --format '{{.Tag}}' | { grep -vx -e latest -e "$hash" || true; } | tail -n +"$KEEP_TAGS" |
-  while read -r tag; do docker rmi "$IMAGE:$tag" >/dev/null 2>&1 || true; done
+  while read -r tag; do
+    created=$(date -d "$(docker image inspect -f '{{.Created}}' "$IMAGE:$tag")" +%s 2>/dev/null || echo "$now")
+    if [ $(( now - created )) -gt "$PRUNE_AGE_S" ]; then docker rmi "$IMAGE:$tag" >/dev/null 2>&1 || true; fi
+  done
 docker image prune -f --filter label=pulsar-chaos.image=node >/dev/null 2>&1 || true
 echo "built $IMAGE:$hash ($(docker image inspect -f '{{.Size}}' "$IMAGE:$hash" | awk '{printf "%d MB", $1/1e6}')) in $(elapsed)s"
