@@ -159,8 +159,12 @@ def test_run_with_ack_before_fsync_reports_lost_messages(tmp_path):
     code, res, out = _run(tmp_path, {"bookie.ack_before_fsync": True})
     log, fencing = res["checkers"]["log"], res["checkers"]["fencing"]
     assert code == 1 and res["valid"] is False, out
-    assert log["valid"] is False and len(log["anomalies"]["lost"]) > 0, out
-    assert fencing["valid"] is False and len(fencing["anomalies"]["beyond-close"]) > 0, out
+    # A lost entry below a recovered close is a hole the final read cannot pass (the broker retries
+    # it, as Pulsar does): then the log checker says unknown for that topic instead of lost.
+    assert log["valid"] is not True, out
+    lost = len((log.get("anomalies") or {}).get("lost", []))
+    beyond = sum(len((fencing.get("anomalies") or {}).get(k, [])) for k in ("beyond-close", "lost-entry"))
+    assert lost + beyond > 0 and fencing["valid"] is False, out
     history = [json.loads(line) for line in (res_dir(tmp_path) / "history.jsonl").open()]
     starts = [op for op in history if op["f"] == "start-power-loss" and op["type"] == "ok"]
     assert starts and all(op["value"]["nodes"] == ["bookie-1", "bookie-2", "bookie-3", "broker-1", "broker-2"]
