@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from nemesis.base import Nemesis, NemesisContext, NemesisError
-from nemesis.targets_hook import draw, resolve
+from nemesis.targets import draw, resolve_plan as resolve
 
 ROLES = ("bookie", "broker")           # the roles a deployment can fake the clock of
 MODES = ("bump", "strobe")

@@ -113,8 +113,8 @@ def make(spec: str) -> Nemesis:
         raise FaultNameError(f"nemesis {spec!r} has an empty {entry.param} after ':'",
                          f"write {name}:{entry.param} or just {name}")
     if param is not None and entry.param == "TARGET":
-        from nemesis.targets_hook import check_selector
-        check_selector(param)
+        from nemesis.targets import check_name
+        check_name(param)
     try:
         return entry.factory(param)
     except FaultNameError:

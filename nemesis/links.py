@@ -17,7 +17,7 @@ import itertools
 from typing import Any
 
 from nemesis.base import Nemesis, NemesisContext, NemesisError
-from nemesis.targets_hook import draw, resolve
+from nemesis.targets import draw, resolve_plan as resolve
 
 SERVER_ROLES = ("zookeeper", "bookie", "broker")
 NODE_ROLES = ("bookie", "broker")       # what the `node` shape draws from, as kill and pause

@@ -13,7 +13,7 @@ from typing import Any
 from clusters.deploy.backend import Unsupported
 from nemesis import grudge as shapes
 from nemesis.base import Nemesis, NemesisContext, NemesisError, normalize_topic
-from nemesis.targets_hook import draw, resolve
+from nemesis.targets import draw, resolve_plan as resolve
 
 SHAPES = ("halves", "one", "bridge", "majorities-ring")
 SERVER_ROLES = ("zookeeper", "bookie", "broker")

@@ -37,7 +37,7 @@ class PowerLossNemesis(Nemesis):
             if not all(self.selectors):
                 raise ValueError(f"power-loss: empty target in {target!r}; join targets with '+', "
                                  "e.g. all-bookie+all-broker")
-            from nemesis.targets_hook import check_selector
+            from nemesis.targets import check_name as check_selector
             for sel in self.selectors:
                 check_selector(sel)             # a name that cannot be a target on any cluster
             self.nodes: list[str] | None = None

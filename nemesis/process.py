@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from nemesis.base import Nemesis, NemesisContext, NemesisError
-from nemesis.targets_hook import draw, resolve
+from nemesis.targets import draw, resolve_plan as resolve
 
 TARGET_ROLES = ("bookie", "broker")
 

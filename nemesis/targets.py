@@ -163,7 +163,25 @@ def draw(ctx: NemesisContext, selector: str, topic: str | None = None) -> dict[s
     return plan
 
 
+_NODE_NAME = re.compile(r"^(zk|bookie|broker|client)-[1-9][0-9]*$")
+
+
+def check_name(selector: str) -> None:
+    """Before any cluster exists (a spec's `kill:TARGET`): FaultNameError unless `selector` could name a
+    target on some cluster, a selector or a node name like broker-1."""
+    if selector in FIXED_SELECTORS or _NODE_NAME.match(selector):
+        return
+    from nemesis.combine import FaultNameError
+    raise FaultNameError(f"unknown target {selector!r}",
+                         f"use one of {', '.join(FIXED_SELECTORS)}, or a node name like broker-1")
+
+
 # ---------------------------------------------------------------------------- resolution
+
+def resolve_plan(ctx: NemesisContext, plan: dict[str, Any]) -> dict[str, Any]:
+    """resolve() of a nemesis plan that holds an earlier draw ({"selector", "node" or "topic", ...})."""
+    return resolve(ctx, plan["selector"], plan={k: plan[k] for k in ("selector", "node", "topic") if k in plan})
+
 
 def resolve(ctx: NemesisContext, selector: str, topic: str | None = None, *,
             plan: dict[str, Any] | None = None, probes: Probes | None = None) -> dict[str, Any]:
