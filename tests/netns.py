@@ -4,6 +4,7 @@ owner of a topic as ZooKeeper records it."""
 from __future__ import annotations
 
 import json
+import shutil
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,15 +15,24 @@ from clusters.deploy.netns import ClusterSpec, NetnsCluster
 
 
 @contextmanager
-def netns_cluster(prefix: str, **spec_kw: Any) -> Iterator[NetnsCluster]:
-    """A NetnsCluster named `prefix` + 4 random hex digits, built from ClusterSpec(**spec_kw), up for
-    the block and always torn down afterwards (also when bringing it up fails)."""
-    c = NetnsCluster(ClusterSpec(name=f"{prefix}{uuid.uuid4().hex[:4]}", **spec_kw))
+def netns_cluster(prefix: str, backend: str = "netns", **spec_kw: Any) -> Iterator[Any]:
+    """A cluster (NetnsCluster, or DockerCluster with backend="docker") named `prefix` + 4 random hex
+    digits, built from ClusterSpec(**spec_kw), up for the block and always torn down afterwards (also
+    when bringing it up fails): leftovers of its name are swept and its folder is removed."""
+    if backend == "docker":
+        from clusters.deploy.docker import DockerCluster as cls
+    else:
+        cls = NetnsCluster
+    c = cls(ClusterSpec(name=f"{prefix}{uuid.uuid4().hex[:4]}", **spec_kw))
     try:
         c.up()
         yield c
     finally:
-        c.down()
+        try:
+            c.down()
+        finally:
+            cls.cleanup_all(force=True, names=[c.name])
+            shutil.rmtree(c.base_dir, ignore_errors=True)
 
 
 @contextmanager

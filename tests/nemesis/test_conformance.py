@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import sys
 import threading
 import time
@@ -21,10 +20,10 @@ import pulsar
 import pytest
 
 from clusters.deploy.backend import grudge_edges
-from clusters.deploy.spec import ClusterSpec
 from harness.history import FAIL, INVOKE, OK, Journal, read_jsonl
 from nemesis.base import NemesisContext
 from nemesis.combine import NemesisRunner, Scheduled, make
+from tests.netns import netns_cluster, pulsar_client
 
 pytestmark = pytest.mark.integration
 
@@ -52,44 +51,25 @@ print(json.dumps(out))
 """
 
 
-def _make_cluster(backend: str):
-    name = f"cf{backend[0]}{uuid.uuid4().hex[:4]}"
-    spec = ClusterSpec(name=name, brokers=2, bookies=3, zookeepers=1, clients=1)
-    if backend == "netns":
-        from clusters.deploy.netns import NetnsCluster
-        return NetnsCluster(spec)
-    from clusters.deploy.docker import DockerCluster
-    return DockerCluster(spec)
-
-
 @pytest.fixture(scope="module", params=BACKENDS)
 def cluster(request):
-    c = _make_cluster(request.param)
-    try:
-        c.up()
+    if request.param == "docker":           # module-scoped: set up before the autouse image fixture
+        request.getfixturevalue("docker_image")
+    with netns_cluster(f"cf{request.param[0]}", backend=request.param, brokers=2, bookies=3, zookeepers=1,
+                       clients=1) as c:
         yield c
-    finally:
-        try:
-            c.down()
-        finally:
-            type(c).cleanup_all(force=True, names=[c.name])
-            shutil.rmtree(c.base_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
 def topics(cluster):
     """Two topics with data, produced by the real pulsar client (so each has an owner)."""
     names = [f"persistent://public/default/cf-{uuid.uuid4().hex[:6]}" for _ in range(2)]
-    client = pulsar.Client(cluster.service_url, operation_timeout_seconds=30,
-                           logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    try:
+    with pulsar_client(cluster.service_url) as client:
         for t in names:
             producer = client.create_producer(t)
             for i in range(10):
                 producer.send(str(i).encode())
             producer.close()
-    finally:
-        client.close()
     return names
 
 
@@ -213,15 +193,11 @@ def test_pause_stops_progress_and_resume_restores_it(cluster, ctx, target):
 def test_kill_and_restart_keep_the_data(cluster, ctx, topics):
     """Kill every bookie and every broker at once, restart them: every message written before is there."""
     topic = topics[0]
-    client = pulsar.Client(cluster.service_url, operation_timeout_seconds=30,
-                           logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    try:
+    with pulsar_client(cluster.service_url) as client:
         producer = client.create_producer(topic)
         for i in range(10, 30):
             producer.send(str(i).encode())
         producer.close()
-    finally:
-        client.close()
     kills = [make("kill:all-bookie"), make("kill:all-broker")]
     values = [k.start(ctx, k.choose(ctx)) for k in kills]
     assert sorted(values[0]["nodes"]) == ["bookie-1", "bookie-2", "bookie-3"]
@@ -236,19 +212,16 @@ def test_kill_and_restart_keep_the_data(cluster, ctx, topics):
     got: list[int] = []
     deadline = time.monotonic() + 90
     while True:
-        client = pulsar.Client(cluster.service_url, operation_timeout_seconds=10,
-                               logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
         try:
-            reader = client.create_reader(topic, pulsar.MessageId.earliest)
-            while reader.has_message_available() and len(got) < 100:
-                got.append(int(reader.read_next(timeout_millis=30_000).data()))
-            reader.close()
+            with pulsar_client(cluster.service_url, operation_timeout_seconds=10) as client:
+                reader = client.create_reader(topic, pulsar.MessageId.earliest)
+                while reader.has_message_available() and len(got) < 100:
+                    got.append(int(reader.read_next(timeout_millis=30_000).data()))
+                reader.close()
             break
         except pulsar.Timeout:
             if time.monotonic() > deadline:
                 raise
-        finally:
-            client.close()
     assert got == list(range(30))
 
 

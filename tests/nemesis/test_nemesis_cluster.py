@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import subprocess
 import sys
 import threading
@@ -16,10 +15,9 @@ import pulsar
 import pytest
 
 from clusters.deploy import procs
-from clusters.deploy.netns import ClusterSpec, NetnsCluster
 from harness.history import INVOKE, OK, Journal, read_jsonl
 from nemesis.base import http_lookup
-from tests.netns import owner_node
+from tests.netns import netns_cluster, owner_node
 from nemesis.combine import NemesisRunner
 
 pytestmark = pytest.mark.integration
@@ -27,16 +25,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = NetnsCluster(ClusterSpec(name=f"nm{uuid.uuid4().hex[:4]}", brokers=2, bookies=3, zookeepers=1))
-    try:
-        c.up()
+    with netns_cluster("nm", brokers=2, bookies=3, zookeepers=1) as c:
         yield c
-    finally:
-        try:
-            c.down()
-        finally:
-            NetnsCluster.cleanup_all(force=True, names=[c.name])
-            shutil.rmtree(c.base_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

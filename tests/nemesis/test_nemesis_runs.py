@@ -3,7 +3,6 @@ applied (the run records them as failed fault ops with the reason and goes on to
 and overlapping faults."""
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import tomllib

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import threading
 import time
 import uuid
@@ -18,29 +17,19 @@ import pulsar
 import pytest
 
 from clusters.deploy import lazyfs, procs
-from clusters.deploy.netns import ClusterSpec, NetnsCluster
 from harness.history import INVOKE, OK, Journal, read_jsonl
 from nemesis.base import NemesisError
 from nemesis.combine import NemesisRunner
 from nemesis.power import PowerLossNemesis
-from tests.netns import pulsar_client
+from tests.netns import netns_cluster, pulsar_client
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = NetnsCluster(ClusterSpec(name=f"pl{uuid.uuid4().hex[:4]}", brokers=1, bookies=3, zookeepers=1,
-                                 lazy_disks=["bookie"]))
-    try:
-        c.up()
+    with netns_cluster("pl", brokers=1, bookies=3, zookeepers=1, lazy_disks=["bookie"]) as c:
         yield c
-    finally:
-        try:
-            c.down()
-        finally:
-            NetnsCluster.cleanup_all(force=True, names=[c.name])
-            shutil.rmtree(c.base_dir, ignore_errors=True)
 
 
 def produce(client, topic: str, values: range) -> list[int]:
