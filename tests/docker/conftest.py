@@ -1,19 +1,13 @@
-"""Fixtures of the docker backend's tests: the engine and the node image, made by
-scripts/docker-setup.sh (idempotent: it installs docker.io and debootstrap, starts dockerd and builds
-the image only when missing, so `make test` on a clean machine builds what these tests need instead
-of skipping them), and a TCP probe run inside a node's container."""
+"""Helpers of the docker backend's tests: a TCP probe run inside a node's container, HTTP and wait
+helpers. The engine and the node image come from tests/conftest.py's `docker_image` fixture."""
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import time
 import urllib.request
-from pathlib import Path
 
-import pytest
 
-REPO = Path(__file__).resolve().parents[2]
 SERVICE_PORT = {"zookeeper": "client", "bookie": "bookie", "broker": "pulsar"}
 
 PROBE = r"""
@@ -31,20 +25,6 @@ def probe(target):
 with ThreadPoolExecutor(max(1, len(targets))) as ex:
     print(json.dumps(list(ex.map(probe, targets))))
 """
-
-
-@pytest.fixture(scope="session")
-def docker_image() -> str:
-    """The node image for the sources as they are now (built if needed); its tag pins every cluster
-    of the session to it, even if the sources change meanwhile."""
-    cp = subprocess.run([str(REPO / "scripts" / "docker-setup.sh")], capture_output=True, text=True,
-                        timeout=1800)
-    if cp.returncode != 0:
-        pytest.fail(f"scripts/docker-setup.sh failed with {cp.returncode}:\n{cp.stdout[-2000:]}\n{cp.stderr[-3000:]}")
-    tags = re.findall(r"pulsar-chaos-node:[0-9a-f]{12}", cp.stdout)
-    if not tags:
-        pytest.fail(f"scripts/docker-setup.sh named no image:\n{cp.stdout[-2000:]}")
-    return tags[-1]
 
 
 def probe_from(cluster, node: str, targets: list[tuple[str, int]], timeout: float = 1.5) -> list[str]:
