@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
 import importlib.util
 import ipaddress
 import json
@@ -49,7 +48,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +55,14 @@ from clusters import config as node_config
 from clusters import zookeeper
 from clusters.deploy import health as health_checks
 from clusters.deploy import hostnet, procs
+from clusters.deploy import statefile
 from clusters.deploy.backend import HOST, Cluster, ClusterError, Grudge, Node, Unsupported, grudge_edges
 from clusters.deploy.netns import ADDRESS_BASE, CHAIN, PORTS, ROLE_STOP_ORDER, short_id
+from clusters.deploy.statefile import StateInventory
+from clusters.deploy.statefile import flock as _flock
+from clusters.deploy.statefile import last_line as _last_line
+from clusters.deploy.statefile import now as _now
+from clusters.deploy.statefile import write_json_atomic as _write_json_atomic
 from clusters.deploy.spec import DEPLOY_BROKER_DEFAULTS, ROOT, ClusterSpec
 
 STATE_VERSION = 1
@@ -87,8 +91,6 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/opt", "/dev"
 Command = Callable[[Node], list[str]]
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 # ------------------------------------------------------------------------------------ docker and host
@@ -170,43 +172,15 @@ def preflight() -> None:
     require_image(current_image())
 
 
-@contextlib.contextmanager
-def _flock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
 
 
 def _read_state(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except ValueError as ex:
-        raise ClusterError(f"{path} is corrupt: {ex}",
-                           "run `pulsar-chaos cluster down --force --backend docker --name NAME` "
-                           "(it removes what is labelled with the cluster's name)") from None
+    return statefile.read_state(path, "run `pulsar-chaos cluster down --force --backend docker --name NAME` "
+                                      "(it removes what is labelled with the cluster's name)")
 
 
-def _last_line(path: Path | str | None, limit: int = 200) -> str:
-    try:
-        with open(path, "rb") as f:  # type: ignore[arg-type]
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 8192))
-            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
-    except (OSError, TypeError):
-        return ""
-    return lines[-1][:limit] if lines else ""
 
 
 def _inspect(containers: Iterable[str]) -> dict[str, dict[str, Any]]:
@@ -266,7 +240,7 @@ def _default_command(node: Node) -> list[str]:
     return [VENV_PYTHON, "-m", "clusters.node", str(node.config)]
 
 
-class DockerCluster(Cluster):
+class DockerCluster(StateInventory, Cluster):
     """A cluster whose nodes are containers of the node image on an internal bridge network."""
 
     python = VENV_PYTHON                  # the Python on the hosts, for commands run with exec()
@@ -394,33 +368,6 @@ class DockerCluster(Cluster):
         entries = [n for n in state["nodes"].values() if role is None or n["role"] == role]
         states = _inspect(n["container"] for n in entries)
         return [self._node_of(n, states.get(n["container"])) for n in entries]
-
-    def _entry(self, state: dict[str, Any], name: str) -> dict[str, Any]:
-        if name not in state["nodes"]:
-            raise ClusterError(f"no node named {name!r}", "use one of: " + ", ".join(state["nodes"]))
-        return state["nodes"][name]
-
-    def _addresses(self, role: str, port_name: str) -> list[str]:
-        state = self._state()
-        return [f"{n['host']}:{n['ports'][port_name]}" for n in state["nodes"].values() if n["role"] == role]
-
-    @property
-    def service_url(self) -> str:
-        addrs = self._addresses("broker", "pulsar")
-        return "pulsar://" + ",".join(addrs) if addrs else ""
-
-    @property
-    def admin_urls(self) -> list[str]:
-        return [f"http://{a}" for a in self._addresses("broker", "http")]
-
-    @property
-    def zk_connect(self) -> str:
-        return ",".join(self._addresses("zookeeper", "client"))
-
-    @property
-    def host_address(self) -> str:
-        """The harness host's address on the cluster network (the bridge's gateway)."""
-        return self._state()["host_address"]
 
     def status(self) -> dict[str, Any]:
         state = _read_state(self.state_path)

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -19,7 +17,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +24,13 @@ from clusters import config as node_config
 from clusters import zookeeper
 from clusters.deploy import health as health_checks
 from clusters.deploy import delay, faketime, hostnet, procs
+from clusters.deploy import statefile
 from clusters.deploy.backend import HOST, Cluster, ClusterError, Grudge, Node, Unsupported, grudge_edges
+from clusters.deploy.statefile import StateInventory
+from clusters.deploy.statefile import flock as _flock
+from clusters.deploy.statefile import last_line as _last_line
+from clusters.deploy.statefile import now as _now
+from clusters.deploy.statefile import write_json_atomic as _write_json_atomic
 from clusters.deploy.spec import DEPLOY_BROKER_DEFAULTS, ROOT, ClusterSpec
 
 STATE_VERSION = 1
@@ -55,8 +58,6 @@ def short_id(name: str) -> str:
     return alnum[:3] + hashlib.sha1(name.encode()).hexdigest()[:3]
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def require_root() -> None:
@@ -71,50 +72,21 @@ def require_tools() -> None:
             raise ClusterError(f"{tool} not found", f"apt-get install {pkg}")
 
 
-@contextlib.contextmanager
-def _flock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2))   # insertion order: nodes in start order
-    os.replace(tmp, path)
 
 
 def _read_state(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except ValueError as ex:
-        raise ClusterError(f"{path} is corrupt: {ex}",
-                           "run `pulsar-chaos cluster down --force` to clean up by name prefix") from None
+    return statefile.read_state(path, "run `pulsar-chaos cluster down --force` to clean up by name prefix")
 
 
-def _last_line(path: Path | None, limit: int = 200) -> str:
-    """The last non-empty line of a log (usually the error that ended the process)."""
-    try:
-        with open(path, "rb") as f:  # type: ignore[arg-type]
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 8192))
-            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
-    except (OSError, TypeError):
-        return ""
-    return lines[-1][:limit] if lines else ""
 
 
 def _default_command(node: Node) -> list[str]:
     return [sys.executable, "-m", "clusters.node", str(node.config)]
 
 
-class NetnsCluster(Cluster):
+class NetnsCluster(StateInventory, Cluster):
     """A cluster whose nodes are network namespaces on a bridge `pc-<id>-br` of the host."""
 
     def __init__(self, spec: ClusterSpec, *, commands: dict[str, Command] | None = None,
@@ -223,33 +195,6 @@ class NetnsCluster(Cluster):
     def nodes(self, role: str | None = None) -> list[Node]:
         state = self._state()
         return [self._node_of(n) for n in state["nodes"].values() if role is None or n["role"] == role]
-
-    def _entry(self, state: dict[str, Any], name: str) -> dict[str, Any]:
-        if name not in state["nodes"]:
-            raise ClusterError(f"no node named {name!r}", "use one of: " + ", ".join(state["nodes"]))
-        return state["nodes"][name]
-
-    def _addresses(self, role: str, port_name: str) -> list[str]:
-        state = self._state()
-        return [f"{n['host']}:{n['ports'][port_name]}" for n in state["nodes"].values() if n["role"] == role]
-
-    @property
-    def service_url(self) -> str:
-        addrs = self._addresses("broker", "pulsar")
-        return "pulsar://" + ",".join(addrs) if addrs else ""
-
-    @property
-    def admin_urls(self) -> list[str]:
-        return [f"http://{a}" for a in self._addresses("broker", "http")]
-
-    @property
-    def zk_connect(self) -> str:
-        return ",".join(self._addresses("zookeeper", "client"))
-
-    @property
-    def host_address(self) -> str:
-        """The harness host's address on the cluster bridge (what nodes see clients on the host as)."""
-        return self._state()["host_address"]
 
     def status(self) -> dict[str, Any]:
         state = _read_state(self.state_path)
@@ -580,7 +525,7 @@ class NetnsCluster(Cluster):
                 raise ClusterError(f"{name} is a client host; it runs no node process", "use run_client()")
             if procs.alive(n["pid"], n["pid_start"]):
                 raise ClusterError(f"{name} is already running (pid {n['pid']})",
-                                   f"stop or kill it first, or resume it if paused")
+                                   "stop or kill it first, or resume it if paused")
             if not procs.netns_inode(n["namespace"]):
                 raise ClusterError(f"cluster {self.name!r} is not up (no namespace {n['namespace']})",
                                    "start it with `pulsar-chaos cluster up`")

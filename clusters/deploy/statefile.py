@@ -1,0 +1,91 @@
+"""What the deploy backends share: their state.json (read, written atomically, locked), the last line
+of a node's log, and the inventory answers every backend gives from its state's nodes."""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from clusters.deploy.backend import ClusterError
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@contextlib.contextmanager
+def flock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2))   # insertion order: nodes in start order
+    os.replace(tmp, path)
+
+
+def read_state(path: Path, fix: str) -> dict[str, Any] | None:
+    """A state.json's contents, None if absent; a corrupt one is a ClusterError with `fix`."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError as ex:
+        raise ClusterError(f"{path} is corrupt: {ex}", fix) from None
+
+
+def last_line(path: Path | str | None, limit: int = 200) -> str:
+    """The last non-empty line of a log (usually the error that ended the process)."""
+    try:
+        with open(path, "rb") as f:  # type: ignore[arg-type]
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    except (OSError, TypeError):
+        return ""
+    return lines[-1][:limit] if lines else ""
+
+
+class StateInventory:
+    """Node lookups and URLs from a backend's state (`_state()`: {"nodes": {name: entry}, "host_address"})."""
+
+    def _state(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _entry(self, state: dict[str, Any], name: str) -> dict[str, Any]:
+        if name not in state["nodes"]:
+            raise ClusterError(f"no node named {name!r}", "use one of: " + ", ".join(state["nodes"]))
+        return state["nodes"][name]
+
+    def _addresses(self, role: str, port_name: str) -> list[str]:
+        state = self._state()
+        return [f"{n['host']}:{n['ports'][port_name]}" for n in state["nodes"].values() if n["role"] == role]
+
+    @property
+    def service_url(self) -> str:
+        addrs = self._addresses("broker", "pulsar")
+        return "pulsar://" + ",".join(addrs) if addrs else ""
+
+    @property
+    def admin_urls(self) -> list[str]:
+        return [f"http://{a}" for a in self._addresses("broker", "http")]
+
+    @property
+    def zk_connect(self) -> str:
+        return ",".join(self._addresses("zookeeper", "client"))
+
+    @property
+    def host_address(self) -> str:
+        """The harness host's address on the cluster network (what nodes see clients on the host as)."""
+        return self._state()["host_address"]
