@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from nemesis.base import Nemesis, NemesisContext, NemesisError
-from nemesis.targets import draw, resolve_plan as resolve
+from nemesis.targets import draw, plan_nodes
 
 ROLES = ("bookie", "broker")           # the roles a deployment can fake the clock of
 MODES = ("bump", "strobe")
@@ -98,12 +98,7 @@ class ClockNemesis(Nemesis):
     def start(self, ctx: NemesisContext, plan: dict[str, Any] | None = None) -> dict[str, Any]:
         self._check_idle()
         plan = plan if plan is not None else self.choose(ctx)
-        extra: dict[str, Any] = {}
-        if "selector" not in plan:
-            names = [plan["node"]]
-        else:
-            found = resolve(ctx, {k: plan[k] for k in ("selector", "node", "topic") if k in plan})
-            names, extra = list(found["nodes"]), {"selector": plan["selector"], "target": found}
+        names, extra = plan_nodes(ctx, plan)
         nodes = [ctx.cluster.node(n) for n in names]
         for node in nodes:
             if node.role not in ROLES:

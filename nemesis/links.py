@@ -17,7 +17,7 @@ import itertools
 from typing import Any
 
 from nemesis.base import Nemesis, NemesisContext, NemesisError
-from nemesis.targets import draw, resolve_plan as resolve
+from nemesis.targets import draw, plan_nodes
 
 SERVER_ROLES = ("zookeeper", "bookie", "broker")
 NODE_ROLES = ("bookie", "broker")       # what the `node` shape draws from, as kill and pause
@@ -70,12 +70,8 @@ class _LinkNemesis(Nemesis):
     def _links(self, ctx: NemesisContext, plan: dict[str, Any]) -> tuple[list[list[str]], dict[str, Any]]:
         if plan["shape"] == "pairs":
             return [list(x) for x in plan["links"]], {}
-        extra: dict[str, Any] = {}
-        if "selector" not in plan:
-            centers = [plan["node"]]
-        else:
-            found = resolve(ctx, {k: plan[k] for k in ("selector", "node", "topic") if k in plan})
-            centers, extra = list(found["nodes"]), {"target": found}
+        centers, found = plan_nodes(ctx, plan)
+        extra = {"target": found["target"]} if found else {}
         servers = ctx.names(*SERVER_ROLES)
         links, seen = [], set()
         for c in centers:

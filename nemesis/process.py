@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from nemesis.base import Nemesis, NemesisContext, NemesisError
-from nemesis.targets import draw, resolve_plan as resolve
+from nemesis.targets import draw, plan_nodes
 
 TARGET_ROLES = ("bookie", "broker")
 
@@ -40,12 +40,7 @@ class _ProcessNemesis(Nemesis):
     def start(self, ctx: NemesisContext, plan: dict[str, Any] | None = None) -> dict[str, Any]:
         self._check_idle()
         plan = plan if plan is not None else self.choose(ctx)
-        extra: dict[str, Any] = {}
-        if "selector" not in plan:
-            names = [plan["node"]]
-        else:
-            found = resolve(ctx, plan)
-            names, extra = found["nodes"], {"selector": plan["selector"], "target": found}
+        names, extra = plan_nodes(ctx, plan)
         nodes = [ctx.cluster.node(n) for n in names]
         for node in nodes:
             problem = "is not running" if not node.alive else self._refuse(node)

@@ -178,6 +178,15 @@ def check_name(selector: str) -> None:
 
 # ---------------------------------------------------------------------------- resolution
 
+def plan_nodes(ctx: NemesisContext, plan: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """The nodes a fault's plan hits now, and what to record of how they were found: a plan drawn
+    without a selector names its node; one with a selector is resolved now."""
+    if "selector" not in plan:
+        return [plan["node"]], {}
+    found = resolve_plan(ctx, plan)
+    return list(found["nodes"]), {"selector": plan["selector"], "target": found}
+
+
 def resolve_plan(ctx: NemesisContext, plan: dict[str, Any]) -> dict[str, Any]:
     """resolve() of a nemesis plan that holds an earlier draw ({"selector", "node" or "topic", ...})."""
     return resolve(ctx, plan["selector"], plan={k: plan[k] for k in ("selector", "node", "topic") if k in plan})
