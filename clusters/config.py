@@ -58,6 +58,8 @@ class BrokerConfig(NodeConfig):
     max_entries_per_ledger: int = 50000
     max_ledger_size_mb: int = 256
     max_ledger_age_s: float = 4 * 3600.0    # managedLedgerMaxLedgerRolloverTimeMinutes (also a timer)
+    cache_eviction_s: float = 1.0           # managedLedgerCacheEvictionTimeThresholdMillis: cached entries
+                                            # older than this are evicted (0: by size only)
     min_ledger_rollover_s: float = 0.0      # managedLedgerMinLedgerRolloverTimeMinutes (Pulsar: 10 min)
     # cursors (clusters/broker/managed_ledger.py): managedLedgerDefaultMarkDeleteRateLimit,
     # managedLedgerCursorMaxEntriesPerLedger, managedLedgerCursorRolloverTimeInSeconds,

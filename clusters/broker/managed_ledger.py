@@ -125,26 +125,43 @@ class LedgerInfo:
 
 
 class _TailCache:
-    """Recently added entries by position, bounded in bytes, so tailing readers skip the bookies."""
+    """Recently added entries by position, so tailing readers skip the bookies: bounded in bytes and,
+    as Pulsar's managed-ledger cache (managedLedgerCacheEvictionTimeThresholdMillis), in age; an older
+    entry is read from the bookies again."""
 
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, max_age_s: float = 0.0):
         self.max_bytes = max_bytes
+        self.max_age_s = max_age_s
         self.bytes = 0
-        self._d: collections.OrderedDict[Position, bytes] = collections.OrderedDict()
+        self._d: collections.OrderedDict[Position, tuple[float, bytes]] = collections.OrderedDict()
+
+    def _evict_old(self) -> None:
+        if self.max_age_s <= 0:
+            return
+        cutoff = time.monotonic() - self.max_age_s
+        while self._d:
+            pos, (t, data) = next(iter(self._d.items()))
+            if t >= cutoff:
+                break
+            del self._d[pos]
+            self.bytes -= len(data)
 
     def put(self, pos: Position, data: bytes) -> None:
-        self._d[pos] = data
+        self._d[pos] = (time.monotonic(), data)
         self.bytes += len(data)
         while self.bytes > self.max_bytes and self._d:
-            _, old = self._d.popitem(last=False)
+            _, (_, old) = self._d.popitem(last=False)
             self.bytes -= len(old)
+        self._evict_old()
 
     def get(self, pos: Position) -> bytes | None:
-        return self._d.get(pos)
+        self._evict_old()
+        hit = self._d.get(pos)
+        return hit[1] if hit is not None else None
 
     def drop_ledger(self, ledger_id: int) -> None:
         for pos in [p for p in self._d if p.ledger_id == ledger_id]:
-            self.bytes -= len(self._d.pop(pos))
+            self.bytes -= len(self._d.pop(pos)[1])
 
 
 class _Add:
@@ -186,7 +203,7 @@ class ManagedLedger:
         self._closing_lh: Any = None       # the ledger we are closing ourselves
         self._last_confirmed: Position | None = None
         self._waiters: list[asyncio.Future] = []
-        self._cache = _TailCache(64 * 1024 * 1024)
+        self._cache = _TailCache(64 * 1024 * 1024, cfg.cache_eviction_s)
         self._read_handles: dict[int, Any] = {}
         self._roll_task: asyncio.Task | None = None
         self.cursors: dict[str, ManagedCursor] = {}
