@@ -86,10 +86,13 @@ class Progress:
     def line(self, text: str) -> None:
         """A plain line (above the live panel on a terminal)."""
         with self._lock:
-            if self._live is not None:
-                self._live.console.print(text, markup=False, highlight=False)
-            else:
-                print(text, file=self.out, flush=True)
+            try:
+                if self._live is not None:
+                    self._live.console.print(text, markup=False, highlight=False)
+                else:
+                    print(text, file=self.out, flush=True)
+            except OSError:     # the reader went away (a closed pipe): the run and its cleanup go on
+                pass
 
     def phase(self, name: str) -> None:
         self._phase = name

@@ -328,8 +328,11 @@ class Run:
         def note(signum: int, frame: Any) -> None:
             if not noted:
                 noted.append(True)
-                print("pulsar-chaos: cleaning up (tearing the cluster down, saving the history); please wait",
-                      file=sys.stderr, flush=True)
+                try:
+                    print("pulsar-chaos: cleaning up (tearing the cluster down, saving the history); please wait",
+                          file=sys.stderr, flush=True)
+                except OSError:     # stderr is a pipe whose reader died (the parent that signalled us)
+                    pass
 
         old = {}
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):

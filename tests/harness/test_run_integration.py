@@ -210,3 +210,31 @@ def test_interrupted_run_leaves_usable_folder_and_nothing_running(tmp_path, how)
             proc.kill()
             proc.wait()
         _force_down(cluster, remove=True)
+
+
+def test_run_whose_parent_died_still_cleans_up(tmp_path):
+    """SIGTERM from a parent that died and closed the run's stdout and stderr (a killed benchmark or CI
+    step): printing to the broken pipes must not stop the teardown, or the cluster stays behind."""
+    name = f"it-orphan-{uuid.uuid4().hex[:4]}"
+    proc = _start(tmp_path, name, "--time-limit", "60", "--nemesis-interval", "3")
+    cluster = None
+    try:
+        run_dir = _run_dir(tmp_path, name)
+        _wait_for_ops(run_dir)
+        cluster = _cluster_name(run_dir)
+        assert cluster
+        proc.stdout.close()
+        proc.stderr.close()
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)          # a second signal during cleanup prints a note
+        proc.wait(timeout=120)
+        assert not _wait_clean(run_dir, cluster, timeout=20), "the runner left something behind"
+        res = json.loads((run_dir / "results.json").read_text())
+        assert res["valid"] == "unknown" and "interrupted by SIGTERM" in res["error"]
+        assert "teardown" not in res["error"], res["error"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        _force_down(cluster, remove=True)
