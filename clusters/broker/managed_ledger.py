@@ -124,44 +124,61 @@ class LedgerInfo:
                 "timestamp": self.timestamp}
 
 
-class _TailCache:
-    """Recently added entries by position, so tailing readers skip the bookies: bounded in bytes and,
-    as Pulsar's managed-ledger cache (managedLedgerCacheEvictionTimeThresholdMillis), in age; an older
-    entry is read from the bookies again."""
+class EntryCache:
+    """Recently added entries by position, so tailing readers skip the bookies: bounded in bytes, in
+    count and, as Pulsar's managed-ledger cache (managedLedgerCacheEvictionTimeThresholdMillis), in
+    age; an entry older than `max_age_s` is read from the bookies again. Values are opaque (the
+    managed ledger caches payloads, the topic payloads with their parsed metadata); `size` is what a
+    value counts against `max_bytes`. Eviction goes oldest first, so the positions left are the
+    newest, in the order they were added."""
 
-    def __init__(self, max_bytes: int, max_age_s: float = 0.0):
+    def __init__(self, max_bytes: int, max_age_s: float = 0.0, max_entries: int | None = None):
         self.max_bytes = max_bytes
         self.max_age_s = max_age_s
+        self.max_entries = max_entries
         self.bytes = 0
-        self._d: collections.OrderedDict[Position, tuple[float, bytes]] = collections.OrderedDict()
+        self._d: collections.OrderedDict[Position, tuple[float, Any, int]] = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._d)
 
     def _evict_old(self) -> None:
-        if self.max_age_s <= 0:
+        if self.max_age_s <= 0 or not self._d:
             return
         cutoff = time.monotonic() - self.max_age_s
-        while self._d:
-            pos, (t, data) = next(iter(self._d.items()))
+        d = self._d
+        while d:
+            pos, (t, _, size) = next(iter(d.items()))
             if t >= cutoff:
                 break
-            del self._d[pos]
-            self.bytes -= len(data)
+            del d[pos]
+            self.bytes -= size
 
-    def put(self, pos: Position, data: bytes) -> None:
-        self._d[pos] = (time.monotonic(), data)
-        self.bytes += len(data)
-        while self.bytes > self.max_bytes and self._d:
-            _, (_, old) = self._d.popitem(last=False)
-            self.bytes -= len(old)
+    def put(self, pos: Position, value: Any, size: int | None = None) -> None:
+        size = len(value) if size is None else size
+        old = self._d.pop(pos, None)
+        if old is not None:
+            self.bytes -= old[2]
+        self._d[pos] = (time.monotonic(), value, size)
+        self.bytes += size
+        while self._d and (self.bytes > self.max_bytes or
+                           (self.max_entries is not None and len(self._d) > self.max_entries)):
+            _, (_, _, gone) = self._d.popitem(last=False)
+            self.bytes -= gone
         self._evict_old()
 
-    def get(self, pos: Position) -> bytes | None:
+    def get(self, pos: Position) -> Any:
         self._evict_old()
         hit = self._d.get(pos)
         return hit[1] if hit is not None else None
 
     def drop_ledger(self, ledger_id: int) -> None:
         for pos in [p for p in self._d if p.ledger_id == ledger_id]:
-            self.bytes -= len(self._d.pop(pos)[1])
+            self.bytes -= self._d.pop(pos)[2]
+
+    def clear(self) -> None:
+        self._d.clear()
+        self.bytes = 0
 
 
 class _Add:
@@ -203,7 +220,7 @@ class ManagedLedger:
         self._closing_lh: Any = None       # the ledger we are closing ourselves
         self._last_confirmed: Position | None = None
         self._waiters: list[asyncio.Future] = []
-        self._cache = _TailCache(64 * 1024 * 1024, cfg.cache_eviction_s)
+        self._cache = EntryCache(64 * 1024 * 1024, cfg.cache_eviction_s)
         self._read_handles: dict[int, Any] = {}
         self._roll_task: asyncio.Task | None = None
         self.cursors: dict[str, ManagedCursor] = {}

@@ -18,7 +18,7 @@ import time
 from typing import Any, Iterable
 
 from clusters.broker.dedup import DUP as DEDUP_DUP, ENABLED as DEDUP_ENABLED, NOT_DUP as DEDUP_NOT_DUP
-from clusters.broker.managed_ledger import ManagedLedgerError, ManagedLedgerFenced, Position
+from clusters.broker.managed_ledger import EntryCache, ManagedLedgerError, ManagedLedgerFenced, Position
 from clusters.broker.murmur3 import sticky_key_hash
 from clusters.broker.selectors import (AutoSplitSelector, ConsumerAssignError, StickySelector,
                                        pick_active)
@@ -1211,8 +1211,10 @@ class Topic:
         self.subscriptions: dict[str, Subscription] = {}
         self._adds: collections.deque[_PendingAdd] = collections.deque()
         self._adds_drained: asyncio.Event | None = None
-        self._cache: collections.OrderedDict[Position, _CachedEntry] = collections.OrderedDict()
-        self._cache_bytes = 0
+        # The same age limit as the managed ledger's cache: without it, a reader from the earliest
+        # message would be served entries from this broker's memory that the bookies no longer have.
+        self._cache = EntryCache(TAIL_CACHE_BYTES, getattr(getattr(ml, "cfg", None), "cache_eviction_s", 0.0),
+                                 TAIL_CACHE_ENTRIES)
         self._last_added: Position | None = None
         self._sub_lock = asyncio.Lock()
         self._closing = False
@@ -1495,11 +1497,7 @@ class Topic:
             if hit is not None:
                 hit.next = pos
         self._last_added = pos
-        cache[pos] = _CachedEntry(entry, info)
-        self._cache_bytes += len(entry)
-        while len(cache) > TAIL_CACHE_ENTRIES or self._cache_bytes > TAIL_CACHE_BYTES:
-            _, old = cache.popitem(last=False)
-            self._cache_bytes -= len(old.entry)
+        cache.put(pos, _CachedEntry(entry, info), len(entry))
 
     def cached(self, pos: Position) -> _CachedEntry | None:
         return self._cache.get(pos)
