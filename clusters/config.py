@@ -61,6 +61,11 @@ class BrokerConfig(NodeConfig):
     cache_eviction_s: float = 1.0           # managedLedgerCacheEvictionTimeThresholdMillis: cached entries
                                             # older than this are evicted (0: by size only)
     min_ledger_rollover_s: float = 0.0      # managedLedgerMinLedgerRolloverTimeMinutes (Pulsar: 10 min)
+    # autoSkipNonRecoverableData: a read skips an entry of a closed ledger that no bookie of its write
+    # set has (all answer NoSuchEntry/NoSuchLedger) instead of retrying it for ever. Pulsar skips to
+    # the next ledger; this skips exactly the missing entries. Off as in Pulsar; deployed test
+    # clusters turn it on (clusters/deploy/spec.py) so that final reads get past a lost entry.
+    auto_skip_non_recoverable_data: bool = False
     # cursors (clusters/broker/managed_ledger.py): managedLedgerDefaultMarkDeleteRateLimit,
     # managedLedgerCursorMaxEntriesPerLedger, managedLedgerCursorRolloverTimeInSeconds,
     # managedLedgerMaxUnackedRangesToPersist(InMetadataStore)

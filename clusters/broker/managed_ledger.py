@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 
 from clusters import bugs as bug_knobs
 from clusters.bookkeeper.errors import (BKError, BKLedgerClosedError, BKLedgerFencedError,
-                                        BKMetadataVersionError, BKNoSuchLedgerError)
+                                        BKMetadataVersionError, BKNoSuchEntryError, BKNoSuchLedgerError)
 from clusters.config import BrokerConfig
 from clusters.metadata.store import BadVersion, MetadataStore, NodeExists, NoNode
 
@@ -221,6 +221,7 @@ class ManagedLedger:
         self._last_confirmed: Position | None = None
         self._waiters: list[asyncio.Future] = []
         self._cache = EntryCache(64 * 1024 * 1024, cfg.cache_eviction_s)
+        self.skipped_entries = 0           # entries left out by auto_skip_non_recoverable_data
         self._read_handles: dict[int, Any] = {}
         self._roll_task: asyncio.Task | None = None
         self.cursors: dict[str, ManagedCursor] = {}
@@ -688,15 +689,33 @@ class ManagedLedger:
         if eid <= last:
             try:
                 handle = await self._handle_for(ledger_id)
-                if closed and not handle.is_closed and hasattr(handle, "read_unconfirmed"):
-                    # The list says how many entries this ledger has, but its close failed so it is
-                    # still OPEN in BookKeeper: its last entry is beyond the LAC the bookies report.
-                    datas = await handle.read_unconfirmed(eid, last)
-                else:
-                    datas = await handle.read(eid, last)
+                # The list says how many entries a closed ledger has; if its close failed it is
+                # still OPEN in BookKeeper, and its last entry is beyond the LAC the bookies report.
+                read = (handle.read_unconfirmed if closed and not handle.is_closed
+                        and hasattr(handle, "read_unconfirmed") else handle.read)
+                try:
+                    datas = await read(eid, last)
+                except BKNoSuchEntryError:
+                    if not (closed and self.cfg.auto_skip_non_recoverable_data):
+                        raise
+                    out.extend(await self._read_skipping_lost(read, ledger_id, eid, last))
+                    return out
             except BKError as e:
                 raise ManagedLedgerError(f"{self.name}: reading {ledger_id}:{eid}..{last}: {e}") from e
             out.extend((Position(ledger_id, eid + i), d) for i, d in enumerate(datas))
+        return out
+
+    async def _read_skipping_lost(self, read: Callable, ledger_id: int, first: int,
+                                  last: int) -> list[tuple[Position, bytes]]:
+        """autoSkipNonRecoverableData: entry by entry, leaving out those that no bookie has."""
+        out: list[tuple[Position, bytes]] = []
+        for eid in range(first, last + 1):
+            try:
+                out.extend((Position(ledger_id, eid), d) for d in await read(eid, eid))
+            except BKNoSuchEntryError as e:
+                self.skipped_entries += 1
+                log.warning("%s: skipping non-recoverable entry %d:%d (auto_skip_non_recoverable_data): %s",
+                            self.name, ledger_id, eid, e)
         return out
 
     async def _handle_for(self, ledger_id: int) -> Any:
