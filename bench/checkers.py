@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import itertools
 import json
 import random
 import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from harness.history import FAIL, INFO, INVOKE, OK, MessageId, Op
@@ -39,18 +41,38 @@ class _Log:
     """One topic's log: (append time, value, ledger, entry) in log order."""
 
     def __init__(self, ledger: int):
-        self.entries: list[tuple[int, int, int, int]] = []
+        self.entries: list[tuple[int, Any, int, int]] = []
         self.ledger = ledger
+        self.next_entry = 0
+
+    def append(self, t: int, v: Any) -> tuple[int, int]:
+        """v at the end of the log (a new ledger every LEDGER_ENTRIES entries); its (ledger, entry)."""
+        if self.next_entry >= LEDGER_ENTRIES:
+            self.roll()
+        self.entries.append((t, v, self.ledger, self.next_entry))
+        self.next_entry += 1
+        return (self.ledger, self.next_entry - 1)
+
+    def roll(self) -> None:
+        """Later appends go to a new ledger (as when a topic's ledger is closed on a fault)."""
+        self.ledger += 1
         self.next_entry = 0
 
 
 class _Sim:
-    """A discrete-event history generator: events on a heap by time, ops appended in time order."""
+    """A discrete-event history generator: events on a heap by time, ops appended in time order.
 
-    def __init__(self) -> None:
+    With a sink, every `chunk` ops are handed to it and dropped (a history longer than memory);
+    `n` counts every op emitted, `last_t` is the time of the last one."""
+
+    def __init__(self, sink: Callable[[list[Op]], None] | None = None, chunk: int = 100_000) -> None:
         self.ops: list[Op] = []
         self.heap: list[tuple[int, int, str, Any]] = []
         self.seq = 0
+        self.n = 0
+        self.last_t = 0
+        self.sink = sink
+        self.chunk = chunk
 
     def at(self, t: int, kind: str, data: Any) -> None:
         self.seq += 1
@@ -59,19 +81,79 @@ class _Sim:
     def emit(self, t: int, process: int, type_: str, f: str, key: str, value: Any = None,
              message_id: MessageId | None = None, node: str = "", error: str = "") -> Op:
         op = Op(process=process, type=type_, f=f, key=key, value=value, message_id=message_id, node=node,
-                error=error, time_ns=t, index=len(self.ops))
+                error=error, time_ns=t, index=self.n)
         self.ops.append(op)
+        self.n += 1
+        self.last_t = t
+        if self.sink is not None and len(self.ops) >= self.chunk:
+            self.flush()
         return op
+
+    def flush(self) -> None:
+        if self.sink is not None and self.ops:
+            self.sink(self.ops)
+            self.ops = []
+
+
+class LogHooks:
+    """Where a caller steers `gen_log` (bench/campaign_gen.py plants anomalies and fault windows
+    through these); gen_log sets `sim`, `logs`, `cursor` and `names` before the first event. The
+    defaults change nothing: without hooks gen_log draws exactly the same history."""
+
+    sim: _Sim
+    logs: list[_Log]
+    cursor: list[int]
+    names: list[str]
+
+    def start(self) -> None:
+        """Schedule the first nemesis event (sim.at(t, "nemesis", data)) or "emit" events."""
+
+    def nemesis(self, t: int, data: Any) -> None:
+        """A "nemesis" event: emit fault ops (sim.at(t, "emit", (process, type, f, key, value,
+        message_id, node, error)) emits one at t) and schedule the next."""
+
+    def send_topic(self, t: int, thread: int, topic: int) -> int:
+        return topic
+
+    def send_outcome(self, t: int, thread: int, topic: int, value: int) -> str | None:
+        """None: drawn at random; else OK, FAIL, INFO (never appended) or "info-appended"."""
+        return None
+
+    def send_latency(self, t: int, topic: int, lat: int) -> int:
+        return lat
+
+    def append(self, t: int, topic: int, value: int) -> tuple[int, int]:
+        """Place an acknowledged (or indeterminate) send in the log; its (ledger, entry)."""
+        return self.logs[topic].append(t, value)
+
+    def send_done(self, t: int, thread: int, process: int, topic: int, value: int, type_: str) -> None:
+        pass
+
+    def receive(self, t: int, topic: int, msgs: list[dict]) -> list[dict]:
+        return msgs
+
+    def end(self, t: int) -> int:
+        """After the last op at t: heal and settle; the time of the final reads."""
+        return t + 10_000 * MS
+
+    def final_read(self, topic: int, msgs: list[dict]) -> None:
+        pass
 
 
 def gen_log(n_ops: int = 1_000_000, seed: int = 1, topics: int = 8, producers: int = 24,
-            consumers: int = 4, planted: bool = False) -> list[Op]:
-    """A `log` workload history of about n_ops ops (see the module docstring)."""
-    rng = random.Random(seed)
-    sim = _Sim()
-    ops, heap, at, emit = sim.ops, sim.heap, sim.at, sim.emit
+            consumers: int = 4, planted: bool = False, *, hooks: LogHooks | None = None,
+            sink: Callable[[list[Op]], None] | None = None, names: list[str] | None = None,
+            send_gap_ns: int = 2 * MS, t_stop: int | None = None) -> list[Op]:
+    """A `log` workload history of about n_ops ops (see the module docstring).
 
-    names = [f"persistent://public/default/bench-{i}" for i in range(topics)]
+    hooks steer faults, outcomes and placement (LogHooks); with a sink the ops go to it in chunks and
+    the list returned is empty; names are the topics' names; send_gap_ns bounds a producer's pause
+    between sends (the rate); t_stop ends the workload at that time even if n_ops is not reached."""
+    rng = random.Random(seed)
+    sim = _Sim(sink)
+    heap, at, emit = sim.heap, sim.at, sim.emit
+
+    names = list(names) if names is not None else [f"persistent://public/default/bench-{i}" for i in range(topics)]
     logs = [_Log(1000 + 10_000 * i) for i in range(topics)]
     budget = n_ops - 2 * topics - 40
     # producer threads: (process id, topics it picks from); info retires the process (+ producers)
@@ -86,48 +168,55 @@ def gen_log(n_ops: int = 1_000_000, seed: int = 1, topics: int = 8, producers: i
         at(rng.randrange(0, 5 * MS), "inv-recv", j)
     value = 0
     sent_at: dict[int, tuple[int, int]] = {}        # value -> (ledger, entry) once appended
-    nem_t = 10_000 * MS
-    at(nem_t, "nemesis", 0)
-    while heap and len(ops) < budget:
+    if hooks is None:
+        nem_t = 10_000 * MS
+        at(nem_t, "nemesis", 0)
+    else:
+        hooks.sim, hooks.logs, hooks.cursor, hooks.names = sim, logs, cursor, names
+        hooks.start()
+    while heap and sim.n < budget and (t_stop is None or heap[0][0] < t_stop):
         t, _, kind, data = heapq.heappop(heap)
         if kind == "inv-send":
             th = pthreads[data]
             topic = th[1][rng.random() < 0.5]
+            if hooks is not None:
+                topic = hooks.send_topic(t, data, topic)
             value += 1
             emit(t, th[0], INVOKE, "send", names[topic], value)
             r = rng.random()
+            forced = hooks.send_outcome(t, data, topic, value) if hooks is not None else None
+            if forced is not None:
+                r = 1.0 if forced == OK else 0.0015 if forced == FAIL else 0.0
             if r < 0.001:                                     # indeterminate: a 10 s timeout
                 end = t + 10_000 * MS
-                if rng.random() < 0.5:
+                if rng.random() < 0.5 if forced is None else forced != INFO:
                     at(t + rng.randrange(MS, 5 * MS), "append", (topic, value))
                 at(end, "done-send", (data, topic, value, INFO, None))
             elif r < 0.002:
                 at(t + rng.randrange(MS // 10, MS), "done-send", (data, topic, value, FAIL, None))
             else:
                 lat = int(rng.lognormvariate(0.8, 0.5) * MS)
+                if hooks is not None:
+                    lat = hooks.send_latency(t, topic, lat)
                 at(t + lat // 2, "append", (topic, value))
                 at(t + lat, "done-send", (data, topic, value, OK, None))
         elif kind == "append":
             topic, v = data
-            lg = logs[topic]
-            if lg.next_entry >= LEDGER_ENTRIES:
-                lg.ledger += 1
-                lg.next_entry = 0
-            lg.entries.append((t, v, lg.ledger, lg.next_entry))
-            lg.next_entry += 1
-            sent_at[v] = (lg.ledger, lg.next_entry - 1)
+            sent_at[v] = logs[topic].append(t, v) if hooks is None else hooks.append(t, topic, v)
         elif kind == "done-send":
             i, topic, v, type_, _ = data
             th = pthreads[i]
             if type_ == OK:
-                le = sent_at[v]
+                le = sent_at.pop(v)
                 emit(t, th[0], OK, "send", names[topic], v, MessageId(le[0], le[1]), f"broker-{topic % 2 + 1}")
             else:
                 emit(t, th[0], type_, "send", names[topic], v, None, f"broker-{topic % 2 + 1}",
                      "Timeout: send timed out" if type_ == INFO else "ProducerQueueIsFull: full")
-                if type_ == INFO:
-                    th[0] += producers                       # the thread continues as a new process
-            at(t + rng.randrange(0, 2 * MS), "inv-send", i)
+            if hooks is not None:
+                hooks.send_done(t, i, th[0], topic, v, type_)
+            if type_ == INFO:
+                th[0] += producers                           # the thread continues as a new process
+            at(t + rng.randrange(0, send_gap_ns), "inv-send", i)
         elif kind == "inv-recv":
             th = cthreads[data]
             topic = th[1][th[2] % len(th[1])]
@@ -140,7 +229,8 @@ def gen_log(n_ops: int = 1_000_000, seed: int = 1, topics: int = 8, producers: i
             th = cthreads[j]
             lg = logs[topic].entries
             c = cursor[topic]
-            if c >= len(lg) and t < deadline:
+            # (a hook may hold a slot of the log open, value None: the consumer waits for it)
+            if (c >= len(lg) or (hooks is not None and lg[c][1] is None)) and t < deadline:
                 at(min(deadline, t + 2 * MS), "done-recv", data)
                 continue
             redeliver = 0
@@ -148,15 +238,23 @@ def gen_log(n_ops: int = 1_000_000, seed: int = 1, topics: int = 8, producers: i
                 redeliver = rng.randrange(1, 4)
                 c -= redeliver
             got = lg[c:c + 16]
+            if hooks is not None:
+                got = list(itertools.takewhile(lambda e: e[1] is not None, got))
             if got:
                 msgs = [{"value": v, "message_id": _mid(le, en), "redelivery_count": 1 if k < redeliver else 0}
                         for k, (_, v, le, en) in enumerate(got)]
                 cursor[topic] = c + len(got)
+                if hooks is not None:
+                    msgs = hooks.receive(t, topic, msgs)
                 emit(t, th[0], OK, "receive", names[topic], msgs, None, f"broker-{topic % 2 + 1}")
             else:
                 emit(t, th[0], FAIL, "receive", names[topic], None, None, f"broker-{topic % 2 + 1}",
                      "Timeout: no message within 100 ms")
             at(t + rng.randrange(0, MS), "inv-recv", j)
+        elif kind == "emit":
+            emit(t, *data)
+        elif kind == "nemesis" and hooks is not None:
+            hooks.nemesis(t, data)
         elif kind == "nemesis":
             fault = ("partition", "kill", "pause", "zk-isolate")[(data // 2) % 4]
             name = ("start-" if data % 2 == 0 else "stop-") + fault
@@ -164,16 +262,20 @@ def gen_log(n_ops: int = 1_000_000, seed: int = 1, topics: int = 8, producers: i
             emit(t + MS, -1, OK, name, "", ["broker-1"])
             at(t + 10_000 * MS, "nemesis", data + 1)
     # close every open op the way a run ends: open sends stay open, open receives are dropped
-    t_end = ops[-1].time_ns + 10_000 * MS
+    t_end = sim.last_t + 10_000 * MS if hooks is None else hooks.end(sim.last_t)
     for ti in range(topics):
         entries = logs[ti].entries
         msgs = [{"value": v, "message_id": _mid(le, en)} for (_, v, le, en) in entries]
         if planted:
-            _plant_log(rng, ops, names[ti], msgs, ti)
+            _plant_log(rng, sim.ops, names[ti], msgs, ti)
+        if hooks is not None:
+            hooks.final_read(ti, msgs)
         emit(t_end, FINAL_READ_PROCESS + ti, INVOKE, "read", names[ti])
         t_end += 200 * MS
         emit(t_end, FINAL_READ_PROCESS + ti, OK, "read", names[ti], msgs)
-    return ops
+        del msgs
+        sim.flush()                          # with a sink: one final read's messages at a time
+    return sim.ops
 
 
 def _plant_log(rng: random.Random, ops: list[Op], topic: str, msgs: list[dict], ti: int) -> None:
