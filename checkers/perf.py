@@ -68,6 +68,60 @@ def _fault(f: str) -> tuple[str, str]:
     return "", f
 
 
+class FaultTimeline:
+    """The fault state over time, fed the nemesis ops' completions in time order (see the module
+    docstring for when a fault is active). `state` is the state now; `seg_t`/`seg_s` the state from
+    each change on (seg_t[0] = `neg`); `occurrences` each started fault as a dict with fault,
+    start_ns, stop_ns (None while on), start and stop (the ops, when given). Shared by this checker
+    and the Spark analysis (spark_analysis/perf.py), which feeds it collected rows."""
+
+    def __init__(self, neg: float = float("-inf")):
+        self.active: dict[str, int] = {}
+        self.state = HEALTHY
+        self.seg_t: list[float] = [neg]
+        self.seg_s: list[str] = [HEALTHY]
+        self.occurrences: list[dict[str, Any]] = []
+        self._open: dict[str, list[dict[str, Any]]] = {}
+
+    def feed(self, t: float, type_: str, f: str, op: Any = None) -> None:
+        """One nemesis completion (invokes change nothing)."""
+        if type_ == INVOKE:
+            return
+        kind, name = _fault(f)
+        active = self.active
+        changed = False
+        if kind == "start" and type_ != FAIL:
+            active[name] = active.get(name, 0) + 1
+            occ = {"fault": name, "start_ns": t, "stop_ns": None, "start": op, "stop": None}
+            self._open.setdefault(name, []).append(occ)
+            self.occurrences.append(occ)
+            changed = True
+        elif kind == "stop" and type_ == OK:
+            if active.get(name, 0) > 0:
+                active[name] -= 1
+                changed = True
+            stack = self._open.get(name)
+            if stack:
+                occ = stack.pop(0)
+                occ["stop_ns"], occ["stop"] = t, op
+        elif kind == "heal" and type_ == OK:
+            changed = bool(active)
+            active.clear()
+            for stack in self._open.values():
+                for occ in stack:
+                    occ["stop_ns"], occ["stop"] = t, op
+            self._open.clear()
+        if changed:
+            new = "+".join(sorted(k for k, c in active.items() if c > 0)) or HEALTHY
+            if new != self.state:
+                self.state = new
+                if self.seg_t[-1] == t:
+                    self.seg_s[-1] = new
+                else:
+                    self.seg_t.append(t)
+                    self.seg_s.append(new)
+
+
 def _op(op: Op | None) -> dict[str, Any] | None:
     return None if op is None else _jsonable(op.to_json())
 
@@ -112,12 +166,8 @@ def _perf(history: list[Op], o: dict[str, Any]) -> CheckResult:
     final = int(o.get("final_process") or 1_000_000)
     write_fs = frozenset(o.get("write_fs") or WRITE_FS)
 
-    active: dict[str, int] = {}
-    state = HEALTHY
-    seg_t: list[float] = [float("-inf")]
-    seg_s: list[str] = [HEALTHY]
-    occ_open: dict[str, list[dict[str, Any]]] = {}
-    occurrences: list[dict[str, Any]] = []
+    tl = FaultTimeline()
+    seg_t, seg_s, occurrences = tl.seg_t, tl.seg_s, tl.occurrences
 
     acc: dict[tuple[str, str], list[Any]] = {}      # (state, f) -> [ok, fail, info, unfinished, latencies]
     open_: dict[int, tuple[int, str, str, str]] = {}   # process -> (t invoke, state, f, key)
@@ -134,41 +184,7 @@ def _perf(history: list[Op], o: dict[str, Any]) -> CheckResult:
         t = op.time_ns
         if p == NEMESIS_PROCESS:
             n_nem += 1
-            if op.type == INVOKE:
-                continue
-            kind, name = _fault(op.f)
-            ty = op.type
-            changed = False
-            if kind == "start" and ty != FAIL:
-                active[name] = active.get(name, 0) + 1
-                occ = {"fault": name, "start_ns": t, "stop_ns": None, "start": op, "stop": None}
-                occ_open.setdefault(name, []).append(occ)
-                occurrences.append(occ)
-                changed = True
-            elif kind == "stop" and ty == OK:
-                if active.get(name, 0) > 0:
-                    active[name] -= 1
-                    changed = True
-                stack = occ_open.get(name)
-                if stack:
-                    occ = stack.pop(0)
-                    occ["stop_ns"], occ["stop"] = t, op
-            elif kind == "heal" and ty == OK:
-                changed = bool(active)
-                active.clear()
-                for stack in occ_open.values():
-                    for occ in stack:
-                        occ["stop_ns"], occ["stop"] = t, op
-                occ_open.clear()
-            if changed:
-                new = "+".join(sorted(k for k, c in active.items() if c > 0)) or HEALTHY
-                if new != state:
-                    state = new
-                    if seg_t[-1] == t:
-                        seg_s[-1] = new
-                    else:
-                        seg_t.append(t)
-                        seg_s.append(new)
+            tl.feed(t, op.type, op.f, op)
             continue
         if p >= final:
             final_ops += 1
@@ -182,7 +198,7 @@ def _perf(history: list[Op], o: dict[str, Any]) -> CheckResult:
             old = open_.get(p)
             if old is not None:                       # invoked again without a completion
                 _acc(acc, old[1], old[2])[3] += 1
-            open_[p] = (t, state, f, op.key)
+            open_[p] = (t, tl.state, f, op.key)
             if f in write_fs:
                 win = topic_win.get(op.key)
                 if win is None:
