@@ -1,0 +1,208 @@
+"""The one SparkSession of an `analyze` call: local mode by default, settings chosen for histories.
+
+`start()` is the only place a session is built (it counts them: an analyze call starts one, however
+many runs it reads); `require_java()` turns a missing Java into a one-line error before any JVM.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_MASTER = "local[*]"        # every core of this machine (2 here): one task per core
+# local mode runs the executors inside the driver JVM, so its heap is all the memory Spark gets; it is
+# sized from the Parquet input (driver_memory_for) unless --driver-memory says otherwise: 2 GiB for a
+# campaign of small runs, 4 GiB from 128 MiB of input (a 10,000,000-op history is ~360 MiB: joins and
+# window sorts spill to disk past the heap), 8 GiB from 1 GiB. That leaves most of this 24 GiB
+# machine to the clusters under test; bigger campaigns belong on a cluster (--master)
+DEFAULT_DRIVER_MEMORY = None
+MIN_JAVA = 17                      # pyspark 4.0 runs on Java 17 or 21
+
+# how many sessions start() built in this process (tests assert an analyze call builds one)
+SESSIONS_STARTED = 0
+
+
+class SparkUnavailable(RuntimeError):
+    """Spark cannot start here (no Java, an old Java, no pyspark); the message names the fix."""
+
+
+@dataclass
+class Settings:
+    master: str | None = None                  # None: local[*], or what spark-submit was given
+    driver_memory: str | None = DEFAULT_DRIVER_MEMORY   # None: driver_memory_for(input bytes)
+    ui: bool = False
+    shuffle_partitions: int | None = None      # None: sized from the input bytes (shuffle_partitions_for)
+    app_name: str = "pulsar-chaos analyze"
+    extra: dict[str, str] = field(default_factory=dict)   # more spark.* settings, passed through
+
+
+def java_version(java: str) -> int | None:
+    """The major version of a java binary (8, 11, 17, 21...), None if it does not say."""
+    try:
+        cp = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', cp.stderr + cp.stdout)
+    if not m:
+        return None
+    major = int(m.group(1))
+    return int(m.group(2) or 0) if major == 1 else major    # "1.8.0" is Java 8
+
+
+def require_java() -> str:
+    """The java binary Spark will use (JAVA_HOME's, else the one on PATH), or SparkUnavailable."""
+    home = os.environ.get("JAVA_HOME")
+    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    if not java or not os.access(java, os.X_OK):
+        where = f"JAVA_HOME={home} has no bin/java" if home else "no `java` on PATH"
+        raise SparkUnavailable(f"Spark needs a Java {MIN_JAVA}+ runtime and there is none ({where}) "
+                               f"(fix: run `make setup`, or apt-get install default-jre-headless, "
+                               f"or set JAVA_HOME)")
+    v = java_version(java)
+    if v is not None and v < MIN_JAVA:
+        raise SparkUnavailable(f"{java} is Java {v}; pyspark 4 needs Java {MIN_JAVA}+ "
+                               f"(fix: install openjdk-17-jre-headless and point JAVA_HOME at it)")
+    return java
+
+
+def require_pyspark() -> None:
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        raise SparkUnavailable("pyspark is not installed in this Python (fix: run `make setup`, which "
+                               "installs it into .venv, or `pip install 'pulsar-chaos[analysis]'`)") from None
+
+
+def under_spark_submit() -> bool:
+    """This Python was launched by spark-submit (its JVM, master and driver memory are set already)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def effective_master(settings: Settings) -> str | None:
+    """The master to ask for: --master, else spark-submit's own (None), else local[*]."""
+    if settings.master:
+        return settings.master
+    return None if under_spark_submit() else DEFAULT_MASTER
+
+
+def is_local(master: str | None) -> bool:
+    return master is None or master.startswith("local")
+
+
+def shuffle_partitions_for(input_bytes: int, cores: int) -> int:
+    """Shuffle partitions for this much Parquet input: at least two per core (both cores busy, a
+    small campaign is not split into Spark's default 200 tiny tasks), one per ~32 MiB of compressed
+    Parquet (a few hundred MiB in memory per task) for big inputs, at most 800. Adaptive execution
+    coalesces what turns out smaller."""
+    per = 32 << 20
+    return int(max(2 * max(1, cores), min(800, math.ceil(input_bytes / per))))
+
+
+def driver_memory_for(input_bytes: int) -> str:
+    """The driver heap for this much Parquet input (see DEFAULT_DRIVER_MEMORY)."""
+    if input_bytes >= 1 << 30:
+        return "8g"
+    if input_bytes >= 128 << 20:
+        return "4g"
+    return "2g"
+
+
+def _quiet_log4j() -> str:
+    """A log4j2 config that keeps Spark's JVM to errors (its INFO/WARN lines would bury the summary)."""
+    path = os.path.join(tempfile.gettempdir(), f"pulsar-chaos-spark-log4j2-{os.getuid()}.properties")
+    text = ("rootLogger.level = error\nrootLogger.appenderRef.stderr.ref = console\n"
+                "appender.console.type = Console\nappender.console.name = console\n"
+                "appender.console.target = SYSTEM_ERR\nappender.console.layout.type = PatternLayout\n"
+                "appender.console.layout.pattern = spark: %p %c{1}: %m%n\n")
+    try:
+        with open(path) as f:
+            if f.read() == text:
+                return path
+    except OSError:
+        pass
+    tmp = f"{path}.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    return path
+
+
+def config(settings: Settings, input_bytes: int = 0) -> dict[str, Any]:
+    """The spark.* settings of a session, each chosen on purpose (see the comments)."""
+    cores = os.cpu_count() or 2
+    conf: dict[str, Any] = {
+        "spark.app.name": settings.app_name,
+        # shuffles sized to the data, not Spark's fixed 200 (see shuffle_partitions_for)
+        "spark.sql.shuffle.partitions": str(settings.shuffle_partitions
+                                            or shuffle_partitions_for(input_bytes, cores)),
+        # adaptive execution: re-plans joins from real sizes (the run tables are tiny: broadcast) and
+        # coalesces small shuffle partitions, so a 4-run campaign and a 10M-op history both run well
+        "spark.sql.adaptive.enabled": "true",
+        "spark.sql.adaptive.coalescePartitions.enabled": "true",
+        "spark.sql.adaptive.skewJoin.enabled": "true",
+        # Arrow for toPandas(): the campaign tables come back to the driver columnar, not row by row
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.execution.arrow.pyspark.fallback.enabled": "true",
+        # one clock for the day trends and the timestamps in the output
+        "spark.sql.session.timeZone": "UTC",
+        "spark.ui.enabled": "true" if settings.ui else "false",
+        "spark.ui.showConsoleProgress": "false",
+        # keep the run tables (small) broadcast even when AQE's estimate is rough
+        "spark.sql.autoBroadcastJoinThreshold": str(32 << 20),
+    }
+    if not under_spark_submit():
+        # the driver JVM starts here: its heap (in local mode, the executors' too: the whole budget)
+        # and a log4j config that keeps Spark to errors (its INFO/WARN lines would bury the summary)
+        conf["spark.driver.memory"] = settings.driver_memory or driver_memory_for(input_bytes)
+        conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{_quiet_log4j()}"
+        if is_local(effective_master(settings)):
+            # bind to the loopback: this machine's hostname may resolve to an address inside a test
+            # network namespace, unreachable from here
+            conf["spark.driver.host"] = "127.0.0.1"
+            conf["spark.driver.bindAddress"] = "127.0.0.1"
+    conf.update(settings.extra)
+    return conf
+
+
+def start(settings: Settings | None = None, input_bytes: int = 0):
+    """A new SparkSession (or the one spark-submit made, with these settings where it allows)."""
+    global SESSIONS_STARTED
+    settings = settings or Settings()
+    require_pyspark()
+    master = effective_master(settings)
+    if not under_spark_submit():
+        require_java()           # the JVM starts here (also for a remote master: the driver is local)
+        if is_local(master) and master is not None:
+            # Python workers run this interpreter (the venv, with pyarrow and pandas), not whatever
+            # `python3` is first on PATH; a cluster's executors use their own (spark.pyspark.python).
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+    builder = SparkSession.builder
+    if master is not None:
+        builder = builder.master(master)
+    for k, v in config(settings, input_bytes).items():
+        builder = builder.config(k, v)
+    try:
+        spark = builder.getOrCreate()
+    except Exception as e:                 # the JVM did not come up (Java missing or broken, no memory)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SparkUnavailable(f"Spark did not start with master {master or 'from spark-submit'} ({first}) "
+                               f"(fix: check `java -version` (17+) and --driver-memory, or the --master URL)"
+                               ) from None
+    spark.sparkContext.setLogLevel("ERROR")
+    SESSIONS_STARTED += 1
+    return spark
+
+
+def set_shuffle_partitions(spark: Any, input_bytes: int) -> int:
+    """Resize the shuffles of an existing session to this input (a shared test session, spark-submit)."""
+    cores = spark.sparkContext.defaultParallelism or os.cpu_count() or 2
+    n = shuffle_partitions_for(input_bytes, cores)
+    spark.conf.set("spark.sql.shuffle.partitions", str(n))
+    return n
