@@ -498,6 +498,18 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _analyze_args(p: argparse.ArgumentParser) -> None:
+    from spark_analysis import main as analysis
+    analysis.add_arguments(p)
+
+
+@command("analyze", "check and tabulate every run under results dirs in one Spark session: Parquet tables "
+                    "and campaign.html under <out>/analysis/<time>/ (exit 0, skipped runs listed)", _analyze_args)
+def _analyze(args: argparse.Namespace) -> int:
+    from spark_analysis import main as analysis
+    return analysis.run_args(args)
+
+
 def _lin_args(p: argparse.ArgumentParser) -> None:
     _strict_usage(p)
     p.add_argument("file", metavar="FILE", help="a history: history.jsonl, Jepsen EDN (a map a line) or a Jepsen log")
