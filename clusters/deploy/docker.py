@@ -696,31 +696,8 @@ class DockerCluster(StateInventory, Cluster):
             if _inspect([n["container"]]).get(n["container"], {}).get("Running"):
                 raise ClusterError(f"{name} is running; its data cannot be wiped under it",
                                    f"kill or stop it first (`pulsar-chaos cluster kill --backend docker {name}`)")
-            data = Path(n["data_dir"])
-            keep = {"zoo.cfg", "myid"} if n["role"] == "zookeeper" else set()
-            if n["config"] and Path(n["config"]).parent == data:
-                keep.add(Path(n["config"]).name)
-            files = size = 0
-            removed, kept = [], []
-            for entry in sorted(data.iterdir()) if data.is_dir() else []:
-                if entry.name in keep:
-                    kept.append(entry.name)
-                    continue
-                if entry.is_dir() and not entry.is_symlink():
-                    for root, _dirs, fnames in os.walk(entry):
-                        for f in fnames:
-                            files += 1
-                            with contextlib.suppress(OSError):
-                                size += os.lstat(os.path.join(root, f)).st_size
-                    shutil.rmtree(entry)
-                else:
-                    files += 1
-                    size += entry.lstat().st_size
-                    entry.unlink()
-                removed.append(entry.name)
-            n["wiped_at"] = _now()
-        return {"node": name, "data_dir": str(data), "files": files, "bytes": size, "removed": removed,
-                "kept": kept}
+            wiped = statefile.wipe_data_dir(n)
+        return {"node": name, **wiped}
 
     # ---------------------------------------------------------------- network faults
     def _resolve_edges(self, state: dict[str, Any], edges: set[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -784,31 +761,12 @@ class DockerCluster(StateInventory, Cluster):
         two overlapping partitions keeps the links the other still cuts."""
         with self._txn() as state:
             edges = sorted(set(self._resolve_edges(state, grudge_edges(grudge))))
-            counts: dict[str, int] = state.setdefault("drop_counts", {})
-            changed = set()
-            for a, b in edges:
-                key = f"{a}>{b}"
-                if counts.get(key, 0) == 0:
-                    changed.add(a)
-                counts[key] = counts.get(key, 0) + 1
-            state["drops"] = sorted([k.split(">", 1) for k, v in counts.items() if v > 0])
-            self._sync_rules(state, changed)
+            self._sync_rules(state, {a for a, _ in statefile.count_drops(state, edges, +1)})
 
     def unpartition(self, grudge: Grudge) -> None:
         with self._txn() as state:
             edges = sorted(set(self._resolve_edges(state, grudge_edges(grudge))))
-            counts: dict[str, int] = state.setdefault("drop_counts", {})
-            changed = set()
-            for a, b in edges:
-                key = f"{a}>{b}"
-                if counts.get(key, 0) <= 0:
-                    continue                      # healed meanwhile (heal() clears every count)
-                counts[key] -= 1
-                if counts[key] == 0:
-                    del counts[key]
-                    changed.add(a)
-            state["drops"] = sorted([k.split(">", 1) for k, v in counts.items() if v > 0])
-            self._sync_rules(state, changed)
+            self._sync_rules(state, {a for a, _ in statefile.count_drops(state, edges, -1)})
 
     def _link(self, state: dict[str, Any], src: str, dst: str, what: str) -> tuple[str, str]:
         """One link (a, b) of two different nodes; `host` goes right (its rules live in a's container)."""

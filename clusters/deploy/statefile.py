@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -55,6 +56,62 @@ def last_line(path: Path | str | None, limit: int = 200) -> str:
     except (OSError, TypeError):
         return ""
     return lines[-1][:limit] if lines else ""
+
+
+def count_drops(state: dict[str, Any], edges: list[tuple[str, str]], delta: int) -> list[tuple[str, str]]:
+    """Count each drop edge once more (delta +1, a partition) or once less (-1, its undo) in the state's
+    `drop_counts`, so that undoing one of two overlapping partitions keeps the links the other still
+    cuts; set `drops` to the edges counted above zero. Returns the edges whose rules must change: newly
+    cut (+1) or no longer cut by anyone (-1; an edge healed meanwhile is skipped)."""
+    counts: dict[str, int] = state.setdefault("drop_counts", {})
+    for a, b in {tuple(e) for e in state.get("drops", [])}:      # a state written before counting
+        counts.setdefault(f"{a}>{b}", 1)
+    changed = []
+    for a, b in edges:
+        key = f"{a}>{b}"
+        have = counts.get(key, 0)
+        if delta > 0:
+            if have == 0:
+                changed.append((a, b))
+            counts[key] = have + 1
+        elif have > 0:                    # else healed meanwhile (heal() clears every count)
+            if have == 1:
+                del counts[key]
+                changed.append((a, b))
+            else:
+                counts[key] = have - 1
+    state["drops"] = sorted([k.split(">", 1) for k, v in counts.items() if v > 0])
+    return changed
+
+
+def wipe_data_dir(n: dict[str, Any]) -> dict[str, Any]:
+    """Delete what a stopped node wrote into its data dir, keeping its identity (ZooKeeper's zoo.cfg and
+    myid, and config.json when it lives there); stamps `wiped_at`. Returns {data_dir, files, bytes,
+    removed, kept}."""
+    data = Path(n["data_dir"])
+    keep = {"zoo.cfg", "myid"} if n["role"] == "zookeeper" else set()
+    if n.get("config") and Path(n["config"]).parent == data:
+        keep.add(Path(n["config"]).name)
+    files = size = 0
+    removed, kept = [], []
+    for entry in sorted(data.iterdir()) if data.is_dir() else []:
+        if entry.name in keep:
+            kept.append(entry.name)
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            for root, _dirs, names in os.walk(entry):
+                for f in names:
+                    files += 1
+                    with contextlib.suppress(OSError):
+                        size += os.lstat(os.path.join(root, f)).st_size
+            shutil.rmtree(entry)
+        else:
+            files += 1
+            size += entry.lstat().st_size
+            entry.unlink()
+        removed.append(entry.name)
+    n["wiped_at"] = now()
+    return {"data_dir": str(data), "files": files, "bytes": size, "removed": removed, "kept": kept}
 
 
 class StateInventory:
