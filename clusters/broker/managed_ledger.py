@@ -169,6 +169,14 @@ class EntryCache:
 
     def get(self, pos: Position) -> Any:
         self._evict_old()
+        return self.peek(pos)
+
+    def evict_old(self) -> None:
+        """Drop what is older than max_age_s now (then peek for a run of lookups)."""
+        self._evict_old()
+
+    def peek(self, pos: Position) -> Any:
+        """The value at pos without an age check (after evict_old, in a loop over many positions)."""
         hit = self._d.get(pos)
         return hit[1] if hit is not None else None
 

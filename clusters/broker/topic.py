@@ -1505,10 +1505,11 @@ class Topic:
     def cached_run(self, start: Position, max_entries: int) -> list[tuple[Position, bytes, EntryInfo]]:
         """Consecutive cached entries from `start` ([] when `start` is not cached)."""
         cache = self._cache
+        cache.evict_old()                   # once for the run, not per entry (dispatch's hot path)
         out = []
         pos = start
         while pos is not None and len(out) < max_entries:
-            hit = cache.get(pos)
+            hit = cache.peek(pos)
             if hit is None:
                 break
             out.append((pos, hit.entry, hit.info))
