@@ -15,15 +15,19 @@ from clusters.deploy.netns import ClusterSpec, NetnsCluster
 
 
 @contextmanager
-def netns_cluster(prefix: str, backend: str = "netns", **spec_kw: Any) -> Iterator[Any]:
-    """A cluster (NetnsCluster, or DockerCluster with backend="docker") named `prefix` + 4 random hex
-    digits, built from ClusterSpec(**spec_kw), up for the block and always torn down afterwards (also
-    when bringing it up fails): leftovers of its name are swept and its folder is removed."""
+def netns_cluster(prefix: str, backend: str = "netns", image: str | None = None,
+                  **spec_kw: Any) -> Iterator[Any]:
+    """A cluster (NetnsCluster, or DockerCluster with backend="docker", on `image` if given) named
+    `prefix` + 4 random hex digits, built from ClusterSpec(**spec_kw), up for the block and always torn
+    down afterwards (also when bringing it up fails): leftovers of its name are swept and its folder
+    is removed."""
+    spec = ClusterSpec(name=f"{prefix}{uuid.uuid4().hex[:4]}", **spec_kw)
     if backend == "docker":
-        from clusters.deploy.docker import DockerCluster as cls
+        from clusters.deploy.docker import DockerCluster
+        c: Any = DockerCluster(spec, image=image)
+        cls: Any = DockerCluster
     else:
-        cls = NetnsCluster
-    c = cls(ClusterSpec(name=f"{prefix}{uuid.uuid4().hex[:4]}", **spec_kw))
+        c, cls = NetnsCluster(spec), NetnsCluster
     try:
         c.up()
         yield c

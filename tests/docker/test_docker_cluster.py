@@ -4,7 +4,6 @@ containers) and compose per call, pause/resume, kill and restart keeping data, w
 run with `docker exec` that signals reach."""
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import time
@@ -16,9 +15,8 @@ from clusters import zookeeper
 from clusters.config import BrokerConfig
 from clusters.deploy import health as health_checks
 from clusters.deploy.backend import HOST, ClusterError, grudge_edges, partition_groups
-from clusters.deploy.docker import LABEL, VENV_PYTHON, DockerCluster
-from clusters.deploy.spec import ClusterSpec
-from tests.netns import pulsar_client
+from clusters.deploy.docker import LABEL, VENV_PYTHON
+from tests.netns import netns_cluster, pulsar_client
 
 from .conftest import SERVICE_PORT, docker_json, http_ok, probe_from, wait_for
 
@@ -29,14 +27,9 @@ SERVERS = ["zk-1", "bookie-1", "bookie-2", "bookie-3", "broker-1", "broker-2"]
 
 @pytest.fixture(scope="module")
 def cluster(docker_image):
-    c = DockerCluster(ClusterSpec(name=f"dk{uuid.uuid4().hex[:4]}", brokers=2, bookies=3, zookeepers=1,
-                                  clients=1, ensemble=3, write_quorum=2, ack_quorum=2), image=docker_image)
-    try:
-        c.up()
+    with netns_cluster("dk", backend="docker", image=docker_image, brokers=2, bookies=3, zookeepers=1,
+                       clients=1, ensemble=3, write_quorum=2, ack_quorum=2) as c:
         yield c
-    finally:
-        c.down()
-        shutil.rmtree(c.base_dir, ignore_errors=True)
 
 
 def reachability(cluster) -> dict[tuple[str, str], str]:

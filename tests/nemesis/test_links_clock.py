@@ -28,6 +28,7 @@ from nemesis.clock import ClockNemesis
 from nemesis.combine import make
 from nemesis.links import FlakyNemesis, SlowNemesis
 from tests.nemesis.fakes import FakeCluster
+from tests.netns import netns_cluster
 
 PROBE = Path(__file__).with_name("clock_probe.py")
 integration = pytest.mark.integration
@@ -375,13 +376,8 @@ class Prober:
 @pytest.fixture(scope="module")
 def bare():
     """ZooKeeper and two client hosts: links between hosts without any node process on them."""
-    c = NetnsCluster(ClusterSpec(name=f"lk{uuid.uuid4().hex[:4]}", brokers=0, bookies=0, zookeepers=1, clients=2))
-    try:
-        c.up()
+    with netns_cluster("lk", brokers=0, bookies=0, zookeepers=1, clients=2) as c:
         yield c
-    finally:
-        c.down()
-        shutil.rmtree(c.base_dir, ignore_errors=True)
 
 
 # ------------------------------------------------------------------ namespaces: flaky links
