@@ -14,19 +14,26 @@ import asyncio
 import logging
 import math
 import time
-from typing import TYPE_CHECKING
-
+from typing import Any, Protocol
 
 from . import stats
-
-if TYPE_CHECKING:
-    from .service import AutoRecovery
 
 log = logging.getLogger(__name__)
 
 
+class AuditorHost(Protocol):
+    """What the auditor uses of the process that elected it (service.AutoRecovery)."""
+    bookie_id: str
+    lost_bookie_recovery_delay_s: float
+    audit_interval_s: float
+    bk: Any                      # the BookKeeper client (ledger listing and metadata)
+    urm: Any                     # the under-replication manager (urmanager.py)
+
+    def wake_worker(self) -> None: ...
+
+
 class Auditor:
-    def __init__(self, ar: "AutoRecovery"):
+    def __init__(self, ar: AuditorHost):
         self.ar = ar
         self.delay = max(0.0, ar.lost_bookie_recovery_delay_s)
         self.interval = ar.audit_interval_s
