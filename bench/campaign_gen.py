@@ -20,7 +20,7 @@ for checkers/log.py and nothing else:
     python bench/campaign_gen.py check OUT/single/<time> --manifest OUT/manifest.json
 
 A campaign run folder holds test.toml (a validated TestSpec), history.jsonl, history.parquet and
-deliveries.parquet (harness.store's writers) and results.json (the log checker's result, as the
+deliveries.parquet (core.store's writers) and results.json (the log checker's result, as the
 runner writes it, plus a "synthetic" entry naming this generator). A single run holds no
 history.jsonl (use --jsonl) and a results.json that says "unknown" until `check` has run the
 checker over it. OUT/manifest.json lists, per run, its configuration, its fault windows and the
@@ -47,9 +47,10 @@ if __package__ in (None, ""):                     # run as a script: the reposit
 
 from bench.checkers import FINAL_READ_PROCESS, MS, LogHooks, _mid, gen_log  # noqa: E402
 from checkers.log import INVALID_BY_DEFAULT  # noqa: E402
-from harness import store  # noqa: E402
-from harness.history import FAIL, INFO, INVOKE, NEMESIS_PROCESS, OK, MessageId, Op, write_jsonl  # noqa: E402
-from harness.spec import SpecError, TestSpec  # noqa: E402
+from core import store  # noqa: E402
+from core.history import FAIL, INFO, INVOKE, NEMESIS_PROCESS, OK, MessageId, Op, write_jsonl  # noqa: E402
+from core.spec import SpecError, TestSpec  # noqa: E402
+from harness.catalog import CATALOG  # noqa: E402
 
 S = 1_000_000_000
 TYPES = ("lost", "duplicate", "divergence", "nonmonotonic-send", "unexpected")
@@ -409,7 +410,7 @@ def simulate(spec: TestSpec, run_id: str, *, rates: dict[str, float] | None = No
              ) -> tuple[list[Op], CampaignHooks]:
     """The history of one simulated run of `spec` (log or subscriptions workload) and its hooks
     (planted anomalies, fault windows). Without n_ops the run lasts spec.time_limit at spec.rate."""
-    from workloads.log import topic_names
+    from workloads.pulsar_client import topic_names
     p, c = _workload_shape(spec)
     p, c = producers or p, consumers or c
     cls = _SubscriptionHooks if spec.workload == "subscriptions" else CampaignHooks
@@ -492,7 +493,7 @@ def campaign_spec(i: int, rng: random.Random, out: Path) -> TestSpec:
                     options={"subscription": "failover"} if workload == "subscriptions" else {},
                     seed=rng.randrange(1, 2**31), results_dir=str(out),
                     backend="docker" if rng.random() < 0.3 else "netns")
-    return spec.validate("campaign_gen")
+    return spec.validate("campaign_gen", catalog=CATALOG)
 
 
 def rates_for(spec: TestSpec) -> dict[str, float]:
@@ -609,7 +610,7 @@ class ParquetSink:
         self.ops += len(ops)
         self.deliveries += d.num_rows
         if self.jsonl is not None:
-            from harness.history import json_default
+            from core.history import json_default
             for op in ops:
                 self.jsonl.write(json.dumps(op.to_json(), separators=(",", ":"), default=json_default) + "\n")
 
@@ -629,7 +630,7 @@ def single(out: Path, n_ops: int, seed: int, plants: dict[str, int], name: str, 
     out.mkdir(parents=True, exist_ok=True)
     spec = TestSpec(test_name=name, workload="log", nemesis=["partition", "kill", "pause", "zk-isolate"],
                     time_limit=max(1.0, round(n_ops / 5_000.0)), concurrency=28, topics=8,
-                    bugs={"broker.recovery_fencing": False}, seed=seed, results_dir=str(out)).validate("campaign_gen")
+                    bugs={"broker.recovery_fencing": False}, seed=seed, results_dir=str(out)).validate("campaign_gen", catalog=CATALOG)
     plant_after = sorted((int(n_ops * rng.uniform(0.05, 0.9)), kind) for kind, k in plants.items() for _ in range(k))
     when = time.time()
     run_dir = store.create_run_dir(out, name, when=when)
@@ -685,7 +686,7 @@ def ops_from_parquet(path: Path, limit: int | None = None) -> list[Op]:
 def check_run(run_dir: Path, manifest: Path | None) -> dict[str, Any]:
     """Load a run's history.parquet, run the log checker, write results.json, compare with the manifest."""
     from checkers.log import check
-    spec = store.load_spec(run_dir)
+    spec = store.load_spec(run_dir, catalog=None)
     if not (run_dir / store.HISTORY_PARQUET).is_file():
         raise store.HistoryError(f"{run_dir / store.HISTORY_PARQUET}: missing; fix: give a run folder written "
                                  f"by this generator or by `pulsar-chaos run`")

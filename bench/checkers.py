@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from harness.history import FAIL, INFO, INVOKE, OK, MessageId, Op
+from core.history import FAIL, INFO, INVOKE, OK, MessageId, Op
 
 MS = 1_000_000
 FINAL_READ_PROCESS = 1_000_000

@@ -36,7 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.history import Op  # noqa: E402
+from core.history import Op  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------ generator

@@ -1,25 +1,49 @@
 """Checkers: pure functions `check(history, opts) -> CheckResult` over a run's history.
 
-Each module checks one family of claims; `CHECKERS` maps the names a workload lists to them. It is
-built on first use, so that importing one checker module (a workload sharing a definition with its
-checker) does not import them all.
+Each module checks one family of claims; `REGISTRY` maps the names a workload asks for to a
+`Checker` entry, whose module is imported on first use (a workload sharing a definition with its
+checker does not import every checker, and networkx, into each worker). `toolkit` holds what
+several checkers share.
 """
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-_MODULES = {"log": "log", "queue": "queue", "elle": "elle", "fencing": "fencing", "perf": "perf",
-            "exactly-once": "exactly_once",
-            "linear": "linear"}            # opts["model"], default cas-register
+from core.history import CheckResult, Op
+from core.registry import Registry
+
+CheckFn = Callable[[list[Op], "dict[str, Any] | None"], CheckResult]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "CHECKERS":
-        table = {k: importlib.import_module(f"checkers.{m}").check for k, m in _MODULES.items()}
-        globals()["CHECKERS"] = table
-        return table
-    raise AttributeError(name)
+@dataclass(frozen=True)
+class Checker:
+    """A checker's declaration: the module whose `function` is the check, and one line of help."""
+    module: str
+    help: str
+    function: str = "check"
+
+    @property
+    def check(self) -> CheckFn:
+        return getattr(importlib.import_module(self.module), self.function)
 
 
-__all__ = ["CHECKERS"]
+REGISTRY: Registry[Checker] = Registry("checker", {
+    "log": Checker("checkers.log", "lost, duplicated, diverging and reordered messages of a log"),
+    "queue": Checker("checkers.queue", "lost, unexpected and duplicated messages of a queue"),
+    "elle": Checker("checkers.elle", "Elle-style dependency cycles (G0, G1c, G-single, G2) over a log"),
+    "fencing": Checker("checkers.fencing", "split-brain writers, writes past a ledger's close, ownership"),
+    "perf": Checker("checkers.perf", "latency, throughput, availability and recovery per fault state"),
+    "exactly-once": Checker("checkers.exactly_once", "a processor's outputs against its inputs, exactly once"),
+    "linear": Checker("checkers.linear", "linearizability against a model (opts['model'], default cas-register)"),
+})
+
+
+def select(wanted: Mapping[str, dict[str, Any]]) -> dict[str, tuple[CheckFn, dict[str, Any]]]:
+    """{name: (check, opts)} for a workload's `checkers(spec)`: the wanted ones that are registered."""
+    return {n: (REGISTRY[n].check, dict(o)) for n, o in wanted.items() if n in REGISTRY}
+
+
+__all__ = ["Checker", "REGISTRY", "select"]

@@ -67,7 +67,7 @@ from collections import deque
 from typing import Any
 
 from checkers.log import _jsonable, _mid, _mid_json, _norm, _pk, _unpack, gc_paused, op_names
-from harness.history import INFO, INVOKE, NEMESIS_PROCESS, OK, CheckResult, MessageId, Op
+from core.history import INFO, INVOKE, NEMESIS_PROCESS, OK, CheckResult, MessageId, Op
 
 # edge kinds, as bits (Elle's BitRels: ww 1, wr 2, rw 4, process 0x40, realtime 0x80; here the
 # realtime relation is three kinds of edges around the time nodes)

@@ -47,7 +47,7 @@ from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict
 from typing import Any
 
-from harness.history import INVOKE, OK, CheckResult, Op
+from core.history import INVOKE, OK, CheckResult, Op
 
 ANOMALY_TYPES = ("double-counted", "missed", "checkpoint-not-in-input", "lost-output",
                  "duplicate-without-restart", "wrong-output", "unexpected-output", "lost-input")

@@ -61,7 +61,7 @@ from bisect import bisect_left
 from typing import Any
 
 from checkers.log import _jsonable, _mid, _mid_json, _norm, _r
-from harness.history import INVOKE, NEMESIS_PROCESS, OK, CheckResult, Op
+from core.history import INVOKE, NEMESIS_PROCESS, OK, CheckResult, Op
 
 INVALID_BY_DEFAULT = ("split-brain", "ledger-multi-writer", "beyond-close", "ack-after-fence",
                       "lost-entry", "inconsistent-close")

@@ -1,6 +1,6 @@
 """Histories from other tools as `Op` lists: our history.jsonl, Jepsen EDN lines, jepsen.util log lines.
 
-- `jsonl`: our own history (`harness.history.read_jsonl`).
+- `jsonl`: our own history (`core.history.read_jsonl`).
 - `jepsen-edn`: one EDN map per line, as Jepsen's `history.edn`:
   `{:process 0, :type :invoke, :f :read, :value nil}` (`:time` and `:index` are optional; newer
   Jepsen writes `#jepsen.history.Op{...}` records, read the same way).
@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from harness.history import TYPES, HistoryError, Op, read_jsonl
+from core.history import TYPES, HistoryError, Op, read_jsonl
 
 FORMATS = ("jsonl", "jepsen-edn", "jepsen-log")
 

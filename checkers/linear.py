@@ -65,7 +65,7 @@ from typing import Any
 
 from checkers import models as M
 from checkers.models import ILLEGAL, ModelError
-from harness.history import FAIL, INFO, INVOKE, NEMESIS_PROCESS, OK, CheckResult, Op
+from core.history import FAIL, INFO, INVOKE, NEMESIS_PROCESS, OK, CheckResult, Op
 
 DEFAULTS: dict[str, Any] = {
     "model": "cas-register",

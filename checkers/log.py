@@ -61,7 +61,8 @@ from contextlib import contextmanager
 from operator import attrgetter
 from typing import Any
 
-from harness.history import FAIL, INFO, INVOKE, NEMESIS_PROCESS, OK, CheckResult, MessageId, Op
+from core.faults import FaultTimeline
+from core.history import FAIL, INFO, INVOKE, NEMESIS_PROCESS, OK, CheckResult, MessageId, Op
 
 # Anomaly types that make the history invalid whatever the subscription type.
 INVALID_BY_DEFAULT = ("lost", "unexpected", "divergence", "nonmonotonic-send")
@@ -210,19 +211,6 @@ def _pct(sorted_vals: list[float], q: float) -> float | None:
 
 def _r(x: float | None, nd: int = 3) -> float | None:
     return None if x is None else round(x, nd)
-
-
-def _fault_name(f: str) -> tuple[str, str]:
-    """("start"|"stop"|"heal"|"", name) of a nemesis op's f."""
-    if f.startswith("start-"):
-        return "start", f[6:]
-    if f.startswith("stop-"):
-        if f[5:] in ("all", "faults"):
-            return "heal", ""
-        return "stop", f[5:]
-    if f in ("heal", "heal-all", "stop"):
-        return "heal", ""
-    return "", f
 
 
 _NONE = object()
@@ -375,9 +363,7 @@ class _LogCheck(OpRefs):
         self.read_repeats = 0
         self.malformed: list[dict[str, Any]] = []
         self.malformed_n = 0
-        self.faults: list[list[Any]] = []
-        self.open_faults: dict[str, list[list[Any]]] = {}
-        self.nem_open: Op | None = None
+        self.faults = FaultTimeline()
         self.t_min: int | None = None
         self.t_max = 0
         self._index_of: dict[int, int] | None = None
@@ -404,7 +390,7 @@ class _LogCheck(OpRefs):
             typ = op.type
             p = op.process
             if p == NEMESIS_PROCESS:
-                self._nemesis(op)
+                self.faults.feed(op.time_ns, op.type, op.f, op)
                 continue
             if typ == INVOKE:
                 if p in open_:
@@ -701,45 +687,6 @@ class _LogCheck(OpRefs):
             self.conflicts[(topic, pk)] = {cur[0]: cur[1], v: obs}
         elif v not in d:
             d[v] = obs
-
-    def _nemesis(self, op: Op) -> None:
-        kind, name = _fault_name(op.f)
-        if op.type == INVOKE:
-            self.nem_open = op
-            if kind == "start":
-                self.open_faults.setdefault(name, []).append(
-                    [op.time_ns, None, name, op.value, op])
-            return
-        inv = self.nem_open if (self.nem_open is not None and self.nem_open.f == op.f) else None
-        self.nem_open = None
-        if kind == "start":
-            stack = self.open_faults.setdefault(name, [])
-            period = next((p for p in reversed(stack) if p[4] is inv), None) if inv is not None else None
-            if period is None:                       # a completion without its invoke
-                period = [op.time_ns, None, name, op.value, op]
-                stack.append(period)
-            if op.type == FAIL:                      # the fault never started
-                stack.remove(period)
-            elif op.value is not None:
-                period[3] = op.value                 # the targets as resolved
-        elif kind in ("stop", "heal") and op.type == FAIL:
-            return                                   # the fault is still on
-        elif kind == "stop":
-            stack = self.open_faults.get(name)
-            if stack:
-                p = stack.pop(0)
-                p[1] = op.time_ns
-                self.faults.append(p)
-        elif kind == "heal":
-            for stack in self.open_faults.values():
-                for p in stack:
-                    p[1] = op.time_ns
-                    self.faults.append(p)
-                stack.clear()
-        elif op.type != FAIL:                        # an instantaneous fault such as "kill"
-            start = inv.time_ns if inv is not None else op.time_ns
-            value = op.value if op.value is not None else (inv.value if inv is not None else None)
-            self.faults.append([start, op.time_ns, name, value, op])
 
     def _bad(self, op: Op, why: str) -> None:
         self.malformed_n += 1
@@ -1230,11 +1177,11 @@ class _LogCheck(OpRefs):
         unavailable = {"longest_gap_s": _r(longest), "longest_gap_at": at, "threshold_s": gap_s,
                        "total_s": _r(total), "gaps": gaps}
 
-        faults = [[_r(p[0] / 1e9), _r((p[1] if p[1] is not None else self.t_max) / 1e9), p[2],
-                   _jsonable(p[3])] for p in self.faults]
-        open_at_end = [p for stack in self.open_faults.values() for p in stack]
-        faults += [[_r(p[0] / 1e9), _r(self.t_max / 1e9), p[2], _jsonable(p[3])] for p in open_at_end]
+        periods = [p for p in self.faults.periods if not p.failed]
+        faults = [[_r(p.start_ns / 1e9), _r((p.stop_ns if p.stop_ns is not None else self.t_max) / 1e9), p.name,
+                   _jsonable(p.value)] for p in periods]
         faults.sort(key=lambda p: (p[0], p[1]))
+        open_at_end = self.faults.open_periods()
 
         sends = {"attempted": 0, "ok": 0, "fail": 0, "info": 0,
                  "unfinished": 0, "ok_without_message_id": self.ok_without_id,

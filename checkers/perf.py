@@ -2,12 +2,10 @@
 
 A pure function over any workload's history; it judges nothing unless asked (`max_unavailable_s`).
 
-Fault states come from the nemesis ops (process -1). A fault X is *active* from the completion of
-its `start-X` to the ok completion of its `stop-X`: a start that completes ok or info (it may have
-taken effect) opens X, a start that fails does not; a stop (or a `heal` / `stop-all`, which ends every
-fault) that completes ok closes it, while a failed or indeterminate stop leaves X active until a
-later ok stop or heal, or the end of the history. Faults running at once form a combined state, the
-active names sorted and joined by "+" ("kill+partition"); no active fault is "healthy". An op belongs
+Fault states come from the nemesis ops (process -1), read by `core.faults.FaultTimeline`: a fault X
+is *active* while it is in force, from the ok or info completion of its `start-X` to the ok or info
+completion of its `stop-X` or of a heal (a failed stop leaves it active). Faults running at once form a combined state, the active
+names sorted and joined by "+" ("kill+partition"); no active fault is "healthy". An op belongs
 to the state in force at its invocation (history order breaks ties).
 
 Only the workload's ops count: client processes below `final_process` (the final reads and other
@@ -35,9 +33,9 @@ from bisect import bisect_right
 from typing import Any
 
 from checkers.log import _jsonable, _pct, _r
-from harness.history import FAIL, INVOKE, NEMESIS_PROCESS, OK, CheckResult, Op
+from core.faults import HEALTHY, FaultTimeline
+from core.history import FAIL, INVOKE, NEMESIS_PROCESS, OK, CheckResult, Op
 
-HEALTHY = "healthy"
 WRITE_FS = ("send", "enqueue", "add", "put", "write", "cas")
 ANOMALY_TYPES = ("unavailable",)
 
@@ -55,71 +53,6 @@ def check(history: list[Op], opts: dict[str, Any] | None = None) -> CheckResult:
     o = dict(DEFAULTS)
     o.update(opts or {})
     return _perf(history, o)
-
-
-def _fault(f: str) -> tuple[str, str]:
-    """("start" | "stop" | "heal" | "", fault name) of a nemesis op's f."""
-    if f.startswith("start-"):
-        return "start", f[6:]
-    if f.startswith("stop-"):
-        return ("heal", "") if f[5:] in ("all", "faults") else ("stop", f[5:])
-    if f in ("heal", "heal-all", "stop"):
-        return "heal", ""
-    return "", f
-
-
-class FaultTimeline:
-    """The fault state over time, fed the nemesis ops' completions in time order (see the module
-    docstring for when a fault is active). `state` is the state now; `seg_t`/`seg_s` the state from
-    each change on (seg_t[0] = `neg`); `occurrences` each started fault as a dict with fault,
-    start_ns, stop_ns (None while on), start and stop (the ops, when given). Shared by this checker
-    and the Spark analysis (spark_analysis/perf.py), which feeds it collected rows."""
-
-    def __init__(self, neg: float = float("-inf")):
-        self.active: dict[str, int] = {}
-        self.state = HEALTHY
-        self.seg_t: list[float] = [neg]
-        self.seg_s: list[str] = [HEALTHY]
-        self.occurrences: list[dict[str, Any]] = []
-        self._open: dict[str, list[dict[str, Any]]] = {}
-
-    def feed(self, t: float, type_: str, f: str, op: Any = None) -> None:
-        """One nemesis completion (invokes change nothing)."""
-        if type_ == INVOKE:
-            return
-        kind, name = _fault(f)
-        active = self.active
-        changed = False
-        if kind == "start" and type_ != FAIL:
-            active[name] = active.get(name, 0) + 1
-            occ = {"fault": name, "start_ns": t, "stop_ns": None, "start": op, "stop": None}
-            self._open.setdefault(name, []).append(occ)
-            self.occurrences.append(occ)
-            changed = True
-        elif kind == "stop" and type_ == OK:
-            if active.get(name, 0) > 0:
-                active[name] -= 1
-                changed = True
-            stack = self._open.get(name)
-            if stack:
-                occ = stack.pop(0)
-                occ["stop_ns"], occ["stop"] = t, op
-        elif kind == "heal" and type_ == OK:
-            changed = bool(active)
-            active.clear()
-            for stack in self._open.values():
-                for occ in stack:
-                    occ["stop_ns"], occ["stop"] = t, op
-            self._open.clear()
-        if changed:
-            new = "+".join(sorted(k for k, c in active.items() if c > 0)) or HEALTHY
-            if new != self.state:
-                self.state = new
-                if self.seg_t[-1] == t:
-                    self.seg_s[-1] = new
-                else:
-                    self.seg_t.append(t)
-                    self.seg_s.append(new)
 
 
 def _op(op: Op | None) -> dict[str, Any] | None:
@@ -167,7 +100,7 @@ def _perf(history: list[Op], o: dict[str, Any]) -> CheckResult:
     write_fs = frozenset(o.get("write_fs") or WRITE_FS)
 
     tl = FaultTimeline()
-    seg_t, seg_s, occurrences = tl.seg_t, tl.seg_s, tl.occurrences
+    seg_t, seg_s = tl.seg_t, tl.seg_s
 
     acc: dict[tuple[str, str], list[Any]] = {}      # (state, f) -> [ok, fail, info, unfinished, latencies]
     open_: dict[int, tuple[int, str, str, str]] = {}   # process -> (t invoke, state, f, key)
@@ -307,11 +240,11 @@ def _perf(history: list[Op], o: dict[str, Any]) -> CheckResult:
     # ---- time to recover after each stop
     recovery: list[dict[str, Any]] = []
     faults: list[dict[str, Any]] = []
-    for n, occ in enumerate(occurrences, 1):
-        stop = occ["stop_ns"]
-        d = {"n": n, "fault": occ["fault"], "start_s": _r(occ["start_ns"] / 1e9),
+    for n, occ in enumerate(tl.occurrences(), 1):
+        stop = occ.stop_ns
+        d = {"n": n, "fault": occ.name, "start_s": _r(occ.started_ns / 1e9),
              "stop_s": _r(stop / 1e9) if stop is not None else None,
-             "targets": _jsonable(occ["start"].value), "max_recovery_s": None, "not_recovered": []}
+             "targets": _jsonable(occ.value), "max_recovery_s": None, "not_recovered": []}
         faults.append(d)
         if stop is None:
             continue
@@ -328,7 +261,7 @@ def _perf(history: list[Op], o: dict[str, Any]) -> CheckResult:
             elif worst is None or rec > worst:
                 worst = rec
             if len(recovery) < max_rows:
-                recovery.append({"n": n, "fault": occ["fault"], "stop_s": _r(stop / 1e9), "topic": topic,
+                recovery.append({"n": n, "fault": occ.name, "stop_s": _r(stop / 1e9), "topic": topic,
                                  "recovery_s": _r(rec),
                                  "first_ok_after_s": _r(times[i] / 1e9) if rec is not None else None})
         d["max_recovery_s"] = _r(worst)

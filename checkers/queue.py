@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import Any
 
 from checkers.log import OpRefs, _jsonable, _mid, _mid_json, _norm, _pk, gc_paused
-from harness.history import FAIL, INFO, INVOKE, NEMESIS_PROCESS, OK, CheckResult, Op
+from core.history import FAIL, INFO, INVOKE, NEMESIS_PROCESS, OK, CheckResult, Op
 
 ANOMALY_TYPES = ("lost", "unexpected", "duplicated", "recovered", "duplicate")
 

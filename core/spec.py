@@ -87,9 +87,9 @@ class TestSpec:
     settle: float = 10.0                    # seconds after heal before the final reads
     final_read_timeout: float = 60.0        # seconds the final reads may take per topic
 
-    def validate(self, source: str = "", catalog: Catalog | None = None) -> "TestSpec":
+    def validate(self, source: str = "", *, catalog: Catalog | None) -> "TestSpec":
         """Check every field (and, with a catalog, every name); SpecError for the first bad one.
-        Without a catalog only the shape is checked: for reading a finished run's test.toml."""
+        `catalog=None` checks the shape only: for reading a finished run's test.toml."""
         def err(name: str, problem: str, fix: str) -> SpecError:
             return SpecError(name, problem, fix, source)
 
@@ -241,7 +241,7 @@ def _toml_value(v: Any) -> str:
 FIELD_TYPES = {f.name: f for f in fields(TestSpec)}
 
 
-def from_mapping(raw: dict[str, Any], source: str = "", catalog: Catalog | None = None) -> TestSpec:
+def from_mapping(raw: dict[str, Any], source: str = "", *, catalog: Catalog | None) -> TestSpec:
     """A spec from a TOML table (keys with - or _), defaults for what is missing, validated (its names
     against `catalog` when given)."""
     d: dict[str, Any] = {}
@@ -256,7 +256,7 @@ def from_mapping(raw: dict[str, Any], source: str = "", catalog: Catalog | None 
         if isinstance(d.get(name), int) and not isinstance(d.get(name), bool):
             d[name] = float(d[name])
     try:
-        return TestSpec(**d).validate(source, catalog)
+        return TestSpec(**d).validate(source, catalog=catalog)
     except TypeError as e:
         raise SpecError("spec", str(e), "check the field names", source) from None
 

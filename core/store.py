@@ -84,7 +84,7 @@ def write_test_toml(run_dir: Path, spec: TestSpec) -> Path:
     return path
 
 
-def load_spec(run_dir: Path, catalog: Catalog | None = None) -> TestSpec:
+def load_spec(run_dir: Path, *, catalog: Catalog | None) -> TestSpec:
     """The resolved spec a run was made with (its test.toml); its names checked against `catalog`
     when given (a run folder from another checkout may name what this one lacks)."""
     path = Path(run_dir) / TEST_TOML
@@ -92,7 +92,7 @@ def load_spec(run_dir: Path, catalog: Catalog | None = None) -> TestSpec:
         raise HistoryError(f"{path}: missing; fix: give a run folder made by `pulsar-chaos run` "
                            f"(results/<test-name>/<time>/)")
     try:
-        return from_mapping(load(path), str(path), catalog)
+        return from_mapping(load(path), str(path), catalog=catalog)
     except SpecError as e:
         raise HistoryError(f"{e}") from None
 

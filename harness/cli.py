@@ -1,6 +1,9 @@
-"""The `pulsar-chaos` command: deploy and fault clusters by hand (`cluster ...`) and check the machine (`doctor`).
+"""The `pulsar-chaos` command: run, check and report tests, analyze many runs, check histories from
+other tools (`lin`), deploy and fault clusters by hand (`cluster ...`), check the machine (`doctor`).
 
 New top-level commands register with `@command(...)`; `cluster` subcommands with `@cluster_command(...)`.
+Every command exits with the one scheme of `core.store`: 0 valid / success, 1 invalid, 2 unknown,
+254 a user error (a bad flag, spec, name or file; a missing prerequisite), 255 a crash.
 """
 from __future__ import annotations
 
@@ -15,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-EXIT_USER_ERROR = 2
-EXIT_CRASH = 255
+from core.store import EXIT_CRASH, EXIT_USAGE
 
 Handler = Callable[[argparse.Namespace], int | None]
 Configure = Callable[[argparse.ArgumentParser], None]
@@ -49,7 +51,7 @@ def cluster_command(name: str, help: str, configure: Configure | None = None) ->
 
 
 class UserError(Exception):
-    """A mistake the user can fix; printed as one line `error: ... (fix: ...)`, exit 2."""
+    """A mistake the user can fix; printed as one line `error: ... (fix: ...)`, exit 254."""
 
     def __init__(self, message: str, fix: str | None = None):
         super().__init__(message)
@@ -70,7 +72,7 @@ class _Parser(argparse.ArgumentParser):
 
 def fail(message: str, fix: str | None = None) -> NoReturn:
     print(f"error: {message}" + (f" (fix: {fix})" if fix else ""), file=sys.stderr)
-    sys.exit(EXIT_USER_ERROR)
+    sys.exit(EXIT_USAGE)
 
 
 def is_tty() -> bool:
@@ -91,7 +93,7 @@ def _configure_cluster(p: argparse.ArgumentParser) -> None:
 
 def _cluster_help(args: argparse.Namespace) -> int:
     args.parser.print_help(sys.stderr)
-    return EXIT_USER_ERROR
+    return EXIT_USAGE
 
 
 COMMANDS["cluster"] = Subcommand("cluster", "deploy a cluster in network namespaces and fault it by hand",
@@ -313,17 +315,13 @@ def _cluster_heal(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------------ run, check, report
 
-EXIT_USAGE = 254            # `run`/`check`/`report`: a malformed spec, flag or run folder (Jepsen's)
-
-
 def _usage_error(message: str) -> NoReturn:
     print(f"error: {message}", file=sys.stderr)
     sys.exit(EXIT_USAGE)
 
 
 def _strict_usage(p: argparse.ArgumentParser) -> None:
-    """This subcommand's argparse errors, unknown arguments included, exit 254 with one line."""
-    p.error = lambda message: _usage_error(f"{message} (fix: see `{p.prog} --help`)")  # type: ignore
+    """This subcommand's unknown arguments are its own usage error, naming its --help."""
     parse_known = p.parse_known_args
 
     def strict(args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
@@ -337,14 +335,13 @@ def _strict_usage(p: argparse.ArgumentParser) -> None:
 def _run_epilog() -> str:
     """`run --help`'s lists: one paragraph per workload (its line, then its options), then one line
     per fault name."""
-    from nemesis import help_lines
-    from nemesis.combine import TARGETS_HELP
+    from nemesis.registry import TARGETS_HELP, help_lines
     from workloads import available, get
     lines = ["workloads (--workload NAME; options with --option KEY=VALUE):"]
     for name in available():
         mod = get(name)
         lines.append(f"  {name:15} {mod.DESCRIPTION}")
-        for k, (d, h) in getattr(mod, "OPTIONS", {}).items():
+        for k, (d, h) in mod.OPTIONS.items():
             lines.append(f"  {'':15}   {k}={d!r}: {h}")
     lines += ["", "faults (--nemesis NAME,NAME[:TARGET],...; --nemesis-schedule FILE for exact times):"]
     lines += help_lines()
@@ -356,7 +353,7 @@ def load_schedule(path: str) -> list[dict[str, Any]]:
     """A fault schedule file: TOML with [[fault]] tables (at, name, hold, grudge), or a JSON list of
     the same. SpecError naming the file and the fix if it cannot be read."""
     import tomllib
-    from harness.spec import SpecError
+    from core.spec import SpecError
     fix = 'write [[fault]] tables with at = SECONDS, name = "kill:owner", optional hold = SECONDS'
     try:
         text = Path(path).read_text()
@@ -438,7 +435,7 @@ def _run(args: argparse.Namespace) -> int:
     from clusters import bugs
     from clusters.deploy.backend import ClusterError
     from harness import runner
-    from harness.spec import SpecError
+    from core.spec import SpecError
     overrides = {k: getattr(args, k) for k in _RUN_FLAGS}
     try:
         if args.bug:
@@ -447,7 +444,7 @@ def _run(args: argparse.Namespace) -> int:
             except bugs.UnknownBugKnob as e:
                 raise SpecError("--bug", str(e), "drop that --bug or use a known knob") from None
         if args.option:
-            from harness.spec import parse_options
+            from core.spec import parse_options
             overrides["options"] = parse_options(args.option)
         if args.nemesis_schedule:
             overrides["nemesis_schedule"] = load_schedule(args.nemesis_schedule)
@@ -477,7 +474,7 @@ def _run_dir_arg(p: argparse.ArgumentParser) -> None:
                   "(exit 0 valid, 1 invalid, 2 unknown)", _run_dir_arg)
 def _check(args: argparse.Namespace) -> int:
     from harness import runner
-    from harness.history import HistoryError
+    from core.history import HistoryError
     try:
         return runner.recheck(args.run_dir)
     except HistoryError as e:
@@ -488,7 +485,7 @@ def _check(args: argparse.Namespace) -> int:
 @command("report", "re-render a run folder's report.html and print its path", _run_dir_arg)
 def _report(args: argparse.Namespace) -> int:
     from harness import runner
-    from harness.history import HistoryError
+    from core.history import HistoryError
     from harness.report import ReportError
     try:
         print(runner.rereport(args.run_dir))
@@ -529,7 +526,7 @@ def _lin_args(p: argparse.ArgumentParser) -> None:
                 "2 unknown, 254 bad input)", _lin_args)
 def _lin(args: argparse.Namespace) -> int:
     from checkers import jepsen_format, linear, models
-    from harness.history import HistoryError
+    from core.history import HistoryError
     try:
         model = models.get(args.model)
         history = jepsen_format.read_history(args.file, args.format)
@@ -591,27 +588,31 @@ def _on_signal(signum: int, frame: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from harness import plugins
+    try:
+        plugins.load()                    # before the parser: --help lists what plugins registered
+    except plugins.PluginError as ex:
+        print(f"error: {ex}", file=sys.stderr)
+        return EXIT_USAGE
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.handler is None:
         args.parser.print_help(sys.stderr)
-        return EXIT_USER_ERROR
+        return EXIT_USAGE
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _on_signal)
     from clusters.bugs import UnknownBugKnob
     from clusters.deploy.backend import ClusterError
     from clusters.zookeeper import ZooKeeperMissing
+    from core.registry import UnknownName
     try:
         return args.handler(args) or 0
-    except (UserError, ClusterError) as ex:
+    except (UserError, ClusterError, ZooKeeperMissing, UnknownName) as ex:
         print(f"error: {ex}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        return EXIT_USAGE
     except UnknownBugKnob as ex:
         print(f"error: {ex} (fix: drop that --bug or use a known knob)", file=sys.stderr)
-        return EXIT_USER_ERROR
-    except ZooKeeperMissing as ex:
-        print(f"error: {ex}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

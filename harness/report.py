@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, Iterable, NamedTuple
 from urllib.parse import quote
 
+from core.faults import FaultTimeline
+
 REPORT_NAME = "report.html"
 MAX_ROWS = 200                  # anomaly evidence rows shown per type
 MAX_POINTS = 2000               # points per chart series
@@ -27,10 +29,6 @@ MAX_LINKED_FILES = 200          # files linked per node folder
 OP_TYPES = ("invoke", "ok", "fail", "info")
 EXIT_MEANING = {0: "valid", 1: "invalid", 2: "unknown", 255: "the harness crashed"}
 
-# Fault band colours; the first three are Jepsen's perf colours (checker/perf.clj).
-FAULT_COLOURS = {"partition": "#E9DCA0", "kill": "#E9A4A0", "pause": "#A0B1E9",
-                 "zk-isolate": "#B6DDB0", "clock": "#D7B5E8", "flaky": "#A8DCDC"}
-EXTRA_COLOURS = ("#F2C29B", "#C9D7A0", "#E7B3CF", "#B5C7E8", "#D9C8A8", "#BFE3C8")
 # Completion types: colour and a shape (or dash) so the charts do not rely on colour alone.
 TYPE_STYLE = {"ok": ("#1f5aa6", "circle", ""), "fail": ("#b0306b", "square", "8 4"),
               "info": ("#b35400", "diamond", "2 4"), "ops": ("#1f5aa6", "circle", "")}
@@ -250,85 +248,22 @@ def _analyse(h: History | None) -> Analysis:
     return a
 
 
-def _fault_kind(f: str) -> tuple[str, str]:
-    """("start" | "stop" | "heal" | "", name) of a nemesis op's f (the log checker's reading)."""
-    if f.startswith("start-"):
-        return "start", f[len("start-"):]
-    if f.startswith("stop-"):
-        name = f[len("stop-"):]
-        return ("heal", "") if name in ("all", "faults") else ("stop", name)
-    if f in ("heal", "heal-all", "stop"):
-        return "heal", ""
-    return "", f
-
-
 def _faults_from_history(nemesis_ops: list[HOp], t_end: float) -> list[Fault]:
-    """Fault periods from start-X ... stop-X (or heal) nemesis ops; one-shot ops (e.g. kill) as points.
+    """Fault periods as `core.faults.FaultTimeline` reads the nemesis ops; one-shot ops (kill) as points.
 
     A start that failed never took effect (listed, not drawn); a stop that failed leaves the fault on."""
-    out: list[Fault] = []
-    open_: dict[str, list[Fault]] = {}
-    pending: dict[str, float] = {}          # one-shot f -> its invocation time
+    tl = FaultTimeline()
     for op in nemesis_ops:
-        t = op.time_ns / 1e9
-        kind, name = _fault_kind(op.f)
-        err = f": {op.error}" if op.error else ""
-        if kind == "start":
-            stack = open_.setdefault(name, [])
-            if op.type == "invoke":
-                fl = Fault(name, t, None, _targets(op.value))
-                stack.append(fl)
-                out.append(fl)
-                continue
-            fl = stack[-1] if stack else None
-            if fl is None:                  # a completion without its invocation (a partial history)
-                fl = Fault(name, t, None, "")
-                stack.append(fl)
-                out.append(fl)
-            if op.value is not None:
-                fl.targets = _targets(op.value)
-            if op.type == "fail":
-                stack.remove(fl)
-                fl.stop, fl.failed = t, True
-                fl.status = _join(fl.status, f"start failed{err}: no effect")
-            elif op.type == "info":
-                fl.status = _join(fl.status, f"start indeterminate{err}")
-        elif kind == "stop":
-            stack = open_.get(name)
-            if not stack:
-                continue
-            if op.type == "invoke":
-                stack[0].stop = t
-            elif op.type == "fail":
-                stack[0].stop = None
-                stack[0].status = _join(stack[0].status, f"stop failed{err}: still on")
-            else:
-                fl = stack.pop(0)
-                fl.stop = t
-                if op.type == "info":
-                    fl.status = _join(fl.status, f"stop indeterminate{err}")
-        elif kind == "heal":
-            if op.type == "fail":
-                continue
-            for stack in open_.values():
-                for fl in stack:
-                    fl.stop = t
-                    if op.type != "invoke":
-                        fl.status = _join(fl.status, f"ended by {op.f}")
-                if op.type != "invoke":
-                    stack.clear()
-        elif op.type == "invoke":
-            pending[op.f] = t
-        else:                               # a one-shot fault: a point (or a sliver) on the timeline
-            start = pending.pop(op.f, t)
-            out.append(Fault(name, start, t, _targets(op.value), "" if op.type == "ok" else f"{op.type}{err}",
-                             point=True, failed=op.type == "fail"))
-    for stack in open_.values():
-        for fl in stack:
-            if fl.stop is not None:
-                fl.status = _join(fl.status, f"stop invoked at {fl.stop:.3f} s, never completed")
-            fl.stop = None
-            fl.status = _join(fl.status, "not healed by the end of the history")
+        tl.feed(op.time_ns, op.type, op.f, value=op.value, error=op.error)
+    out: list[Fault] = []
+    for p in tl.periods:
+        notes = list(p.notes)
+        if p.stop_ns is None and not p.failed:
+            if p.stop_invoked_ns is not None:
+                notes.append(f"stop invoked at {p.stop_invoked_ns / 1e9:.3f} s, never completed")
+            notes.append("not healed by the end of the history")
+        out.append(Fault(p.name, p.start_ns / 1e9, None if p.stop_ns is None else p.stop_ns / 1e9,
+                         _targets(p.value), "; ".join(notes), point=p.point, failed=p.failed))
     return out
 
 
@@ -528,14 +463,11 @@ def _size(n: int) -> str:
 
 
 def _fault_colour(name: str, cache: dict[str, str]) -> str:
-    if name in cache:
-        return cache[name]
-    base = name.split(":")[0]
-    c = FAULT_COLOURS.get(base) or next((col for key, col in FAULT_COLOURS.items() if key in base), None)
-    if c is None:
-        c = EXTRA_COLOURS[sum(map(ord, base)) % len(EXTRA_COLOURS)]
-    cache[name] = c
-    return c
+    """A fault's band colour, as its registry entry declares it (`nemesis.registry.colour`)."""
+    if name not in cache:
+        from nemesis.registry import colour
+        cache[name] = colour(name)
+    return cache[name]
 
 
 # ----------------------------------------------------------------------------------------------- charts

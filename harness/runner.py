@@ -24,12 +24,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, TextIO
 
-from harness import store
-from harness.history import CheckResult, Journal
+from core import store
+from core.history import CheckResult, Journal
+from core.spec import SpecError, TestSpec, from_mapping, load
+from core.store import EXIT_CRASH
+from harness import plugins
+from harness.catalog import CATALOG
 from harness.progress import Progress
-from harness.spec import SpecError, TestSpec, from_mapping, load
-
-EXIT_VALID, EXIT_INVALID, EXIT_UNKNOWN, EXIT_USAGE, EXIT_CRASH = 0, 1, 2, 254, 255
 
 NEMESIS_START_WAIT_S = 15.0        # faults begin with the first client op, or after this long at most
 WORKER_GRACE_S = 15.0              # after the deadline, how long workers may finish their ops in flight
@@ -50,7 +51,7 @@ def spec_from_args(spec_path: str | Path | None, overrides: dict[str, Any]) -> T
     raw: dict[str, Any] = dict(load(spec_path)) if spec_path else {}
     source = str(spec_path) if spec_path else ""
     if spec_path:
-        from_mapping(raw, source)           # the file alone must be valid: errors name the file
+        from_mapping(raw, source, catalog=CATALOG)  # the file alone must be valid: errors name the file
         raw = {k.replace("-", "_"): v for k, v in raw.items()}
     flags = {k: v for k, v in overrides.items() if v is not None}
     for table in ("bugs", "options"):
@@ -58,7 +59,7 @@ def spec_from_args(spec_path: str | Path | None, overrides: dict[str, Any]) -> T
             flags[table] = {**(raw.get(table) or {}), **flags[table]}
     raw.update(flags)
     try:
-        return from_mapping(raw, source if not flags else "")
+        return from_mapping(raw, source if not flags else "", catalog=CATALOG)
     except SpecError as e:
         if e.field in flags:
             flag = "--" + e.field.replace("_", "-")
@@ -90,7 +91,7 @@ def run(spec: TestSpec, out: TextIO = sys.stdout) -> int:
     """Run one test; returns the exit code (0 valid, 1 invalid, 2 unknown, 255 the harness crashed).
 
     Raises SpecError (before anything is created) for a bad spec."""
-    spec = spec.validate().resolved()
+    spec = spec.validate(catalog=CATALOG).resolved()
     run_dir = store.create_run_dir(spec.results_dir, spec.test_name)
     store.write_test_toml(run_dir, spec)
     return Run(spec, run_dir, out).execute()
@@ -180,8 +181,11 @@ class Run:
         cspec = ClusterSpec(name=self.cluster_name, brokers=spec.brokers, bookies=spec.bookies,
                             zookeepers=spec.zookeepers, ensemble=spec.ensemble, write_quorum=spec.write_quorum,
                             ack_quorum=spec.ack_quorum, clients=1, bugs=dict(spec.bugs))
-        cspec.fake_clocks = ["bookie", "broker"] if "clock" in {str(n).split(":")[0] for n in [*spec.nemesis, *(e.get("name", "") for e in spec.nemesis_schedule)]} else []  # noqa: E501
-        cspec.lazy_disks = ["bookie", "broker"] if "power-loss" in {str(n).split(":")[0] for n in [*spec.nemesis, *(e.get("name", "") for e in spec.nemesis_schedule)]} else []  # noqa: E501
+        from nemesis.registry import deployment_needs
+        # what the faults declare they need of the deployment (fake clocks, lazy disks, ...)
+        faults = [*spec.nemesis, *(e["name"] for e in spec.nemesis_schedule)]
+        for field_name, roles in deployment_needs(faults).items():
+            setattr(cspec, field_name, roles)
         if spec.backend == "docker":         # its client container sees the run folder at the same path
             from clusters.deploy.docker import DockerCluster
             self.cluster = DockerCluster(cspec, mounts=[self.run_dir.resolve()])
@@ -208,8 +212,9 @@ class Run:
             self.workload.prepare(Context(run_dir=self.run_dir, spec=spec, cluster=cluster, keys=list(self.topics)))
 
     def _worker_argv(self, *extra: str) -> list[str]:
+        loaded = plugins.names()          # a worker registers what the CLI's plugins registered
         return [sys.executable, "-m", "harness.worker", "--run-dir", str(self.run_dir.resolve()),
-                "--t0-ns", str(self.t0_ns), *extra]
+                "--t0-ns", str(self.t0_ns), *(["--plugins", ",".join(loaded)] if loaded else []), *extra]
 
     def _launch(self, name: str, argv: list[str]) -> subprocess.Popen:
         with open(self.run_dir / store.LOGS / f"{name}.log", "ab") as logf:
@@ -534,14 +539,14 @@ def recheck(run_dir: Path | str, out: TextIO | None = sys.stdout) -> int:
         run_info = {"dir": str(run_dir), "test_name": run_dir.parent.name, "started_at": None, "ended_at": None,
                     "service_url": "", "seed": None, "timings": {}}
         try:
-            spec = store.load_spec(run_dir)
+            spec = store.load_spec(run_dir, catalog=CATALOG)
             run_info.update(test_name=spec.test_name, seed=spec.seed)
         except Exception:
             pass
         run_errors = ["the run did not finish: it left no results.json (was the runner killed?)"]
         run_info["errors"] = run_errors
     try:
-        spec: TestSpec | None = store.load_spec(run_dir)
+        spec: TestSpec | None = store.load_spec(run_dir, catalog=CATALOG)
     except Exception:
         spec = None                        # an old or damaged test.toml: the log workload's checkers
     t = time.monotonic()

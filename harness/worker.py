@@ -19,8 +19,9 @@ import time
 import traceback
 from pathlib import Path
 
-from harness import store
-from harness.history import Journal
+from core import store
+from core.history import Journal
+from harness import plugins
 
 STOP_GRACE_S = 2.0          # after a signal, how long in-flight ops may still complete
 
@@ -33,16 +34,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--t0-ns", type=int, required=True, help="CLOCK_MONOTONIC ns of the run's time 0")
     p.add_argument("--deadline-ns", type=int, default=None, help="CLOCK_MONOTONIC ns to stop issuing ops")
     p.add_argument("--final-reads", action="store_true", help="read every topic from the earliest, then exit")
+    p.add_argument("--plugins", default=None, help="plugin modules to import first (the CLI's PULSAR_CHAOS_PLUGINS)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    plugins.load(args.plugins)
     import workloads
     from workloads.base import Context
 
     run_dir: Path = args.run_dir
-    spec = store.load_spec(run_dir)
+    spec = store.load_spec(run_dir, catalog=None)     # the runner validated it
     workload = workloads.get(spec.workload)
     cluster = json.loads((run_dir / store.CLUSTER_JSON).read_text())
     name = "final-reads" if args.final_reads else f"worker-{args.worker}"

@@ -1,13 +1,9 @@
 """Faults the harness's nemesis process performs: partitions of every shape, process kills and
 pauses, ZooKeeper isolation, flaky and slow links, disk wipes, power loss, clock skew.
-`NemesisRunner` schedules them and journals every start and stop; `REGISTRY` names them."""
-from nemesis.base import Nemesis, NemesisContext, NemesisError, normalize_topic
-from nemesis.combine import REGISTRY, NemesisRunner, Scheduled, help_lines, make, parse_name
-from nemesis.partition import PartitionNemesis, ZkIsolateNemesis
-from nemesis.process import KillNemesis, PauseNemesis
+`nemesis.registry.REGISTRY` declares every fault; `nemesis.combine.NemesisRunner` schedules them."""
+from nemesis.base import FaultNameError, Nemesis, NemesisContext, NemesisError, normalize_topic
+from nemesis.combine import NemesisRunner, Scheduled
+from nemesis.registry import REGISTRY, Fault, help_lines, make, parse_name
 
-NAMES = tuple(REGISTRY)
-
-__all__ = ["Nemesis", "NemesisContext", "NemesisError", "NemesisRunner", "PartitionNemesis",
-           "ZkIsolateNemesis", "KillNemesis", "PauseNemesis", "REGISTRY", "NAMES", "Scheduled", "make",
-           "help_lines", "parse_name", "normalize_topic"]
+__all__ = ["Fault", "FaultNameError", "Nemesis", "NemesisContext", "NemesisError", "NemesisRunner", "REGISTRY",
+           "Scheduled", "help_lines", "make", "parse_name", "normalize_topic"]

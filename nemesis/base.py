@@ -28,6 +28,14 @@ class NemesisError(RuntimeError):
     """A fault that could not be performed (or undone); journaled as `info` with this message."""
 
 
+class FaultNameError(ValueError):
+    """A fault name that names no fault: `problem` and `fix` for a one-line usage error."""
+
+    def __init__(self, problem: str, fix: str):
+        super().__init__(f"{problem} (fix: {fix})")
+        self.problem, self.fix = problem, fix
+
+
 def lookup_url(admin_url: str, topic: str, authoritative: bool = False) -> str:
     """The REST lookup URL of `topic` on a broker's admin URL (Pulsar's /lookup/v2/topic/...)."""
     topic = normalize_topic(topic)

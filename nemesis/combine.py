@@ -1,10 +1,9 @@
 """The nemesis process: faults started and stopped on a schedule, journaled as history ops.
 
-The registry maps each fault name (`NAME` or `NAME:TARGET`) to its nemesis, with one line of help
-for `run --help`. The runner draws faults with the run's rng, so a seed replays the same faults on
-the same layout: one at a time by default (rest, start, hold, stop), or up to `overlap` at once
-(Jepsen's combined nemesis: a new fault every `interval`, each held `interval * overlap`), or the
-faults and times of a schedule. Every op is process -1: `start-<name>` / `stop-<name>` invoke then
+Fault names (`NAME` or `NAME:TARGET`) come from `nemesis.registry`. The runner draws faults with
+the run's rng, so a seed replays the same faults on the same layout: one at a time by default (rest,
+start, hold, stop), or up to `overlap` at once (Jepsen's combined nemesis: a new fault every
+`interval`, each held `interval * overlap`), or the faults and times of a schedule. Every op is process -1: `start-<name>` / `stop-<name>` invoke then
 ok, or `fail` with the reason when the fault could not be applied (nothing was done), or `info`
 when it was half done or its undo failed; `heal` at the end.
 """
@@ -14,122 +13,16 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from clusters.deploy.backend import Cluster
-from harness.history import FAIL, INFO, INVOKE, NEMESIS_PROCESS, OK, Journal, Op
+from core.faults import start_f, stop_f
+from core.history import FAIL, INFO, INVOKE, NEMESIS_PROCESS, OK, Journal, Op
 from nemesis.base import Nemesis, NemesisContext
-from nemesis.partition import (ClientLinkNemesis, GrudgeNemesis, IsolateNemesis, PartitionNemesis,
-                               PrimariesNemesis, ZkIsolateNemesis)
-from nemesis.power import PowerLossNemesis
-from nemesis.lifecycle import DiskWipeNemesis, KillRoleNemesis, RollingRestartNemesis
-from nemesis.process import KillNemesis, PauseNemesis
-from nemesis.clock import ClockNemesis
-from nemesis.links import FlakyNemesis, SlowNemesis
+from nemesis.registry import make
 
 log = logging.getLogger(__name__)
-
-TARGETS_HELP = ("TARGET: owner, ledger-bookies, zk-leader, lb-leader, broker, bookie, zookeeper, "
-                "all-<role>, or a node name (resolved when the fault starts)")
-
-
-@dataclass(frozen=True)
-class Entry:
-    """A fault name: its factory (taking the `:PARAM` or None), one line of help, and what PARAM is
-    ("" when the name takes none)."""
-    factory: Callable[[str | None], Nemesis]
-    help: str
-    param: str = ""
-
-
-def _plain(cls: Callable[[], Nemesis]) -> Callable[[str | None], Nemesis]:
-    return lambda _param: cls()
-
-
-REGISTRY: dict[str, Entry] = {
-    "partition": Entry(_plain(lambda: PartitionNemesis("halves")),
-                       "random halves of the brokers and bookies (ZooKeeper with the bigger half)"),
-    "partition-ring": Entry(_plain(lambda: PartitionNemesis("majorities-ring")),
-                            "majorities ring: every server sees a majority, neighbours different ones"),
-    "partition-bridge": Entry(_plain(lambda: PartitionNemesis("bridge")),
-                              "two halves that only one bridge node reaches both of"),
-    "isolate": Entry(lambda p: IsolateNemesis(p), "one node (random broker or bookie, or TARGET) cut "
-                     "from every other server", "TARGET"),
-    "partition-one": Entry(lambda p: IsolateNemesis(p, name="partition-one"), "the same as isolate", "TARGET"),
-    "primaries": Entry(_plain(PrimariesNemesis), "the owner of every topic, each cut from every other server"),
-    "zk-isolate": Entry(lambda p: ZkIsolateNemesis(p), "a topic's owner (or TARGET) cut from ZooKeeper only, "
-                        "still reaching bookies, brokers and clients", "TARGET"),
-    "client-link": Entry(lambda p: ClientLinkNemesis(p), "the clients cut from one broker (a topic's owner, "
-                         "or TARGET) while the servers still talk", "TARGET"),
-    "grudge": Entry(lambda p: GrudgeNemesis(), "the spec's grudge, e.g. --grudge '{\"broker-1\": [\"zk-1\"]}'"),
-    "kill": Entry(lambda p: KillNemesis(p), "SIGKILL a random broker or bookie (or TARGET), restart it "
-                  "with its data", "TARGET"),
-    "pause": Entry(lambda p: PauseNemesis(p), "SIGSTOP a random broker or bookie (or TARGET) for the hold, "
-                   "then SIGCONT", "TARGET"),
-    "rolling-restart": Entry(lambda p: RollingRestartNemesis(p), "every broker (or ROLE) in turn stopped (MODE stop) "
-                             "or killed (kill) and started again, waiting until each is ready", "ROLE+MODE"),
-    "kill-role": Entry(lambda p: KillRoleNemesis(p), "every node of a role (brokers by default) killed at once, "
-                       "all restarted at the stop", "ROLE"),
-    "disk-wipe": Entry(lambda p: DiskWipeNemesis(p), "a bookie (or TARGET) killed, its data deleted, restarted "
-                       "empty with the same identity at the stop", "TARGET"),
-    "power-loss": Entry(lambda p: PowerLossNemesis(p), "every bookie (or TARGETS, joined by +: all-bookie+all-broker) "
-                        "loses power at once: killed, un-fsync'ed writes dropped (lazyfs disks); restarted at the stop",
-                        "TARGETS"),
-    "clock": Entry(lambda p: ClockNemesis(p), "bump a random broker's or bookie's (or TARGET's) wall clock by "
-                   "+/-1..300 s, or strobe it every 1..3 s (libfaketime)", "TARGET"),
-    "flaky": Entry(lambda p: FlakyNemesis(p), "drop 20..50% of the packets on one node's (or TARGET's) links "
-                   "to every server, or on 1..3 random server pairs", "TARGET"),
-    "slow": Entry(lambda p: SlowNemesis(p), "hold every packet 50..500 ms each way on one node's (or TARGET's) "
-                  "links to every server, or on 1..3 server pairs (NFQUEUE)", "TARGET"),
-}
-
-
-def parse_name(spec: str) -> tuple[str, str | None]:
-    """"kill:owner" -> ("kill", "owner"); "kill" -> ("kill", None)."""
-    name, sep, param = spec.strip().partition(":")
-    return name.strip(), (param.strip() if sep else None)
-
-
-class FaultNameError(ValueError):
-    """A fault name that names no fault: `problem` and `fix` for a one-line usage error."""
-
-    def __init__(self, problem: str, fix: str):
-        super().__init__(f"{problem} (fix: {fix})")
-        self.problem, self.fix = problem, fix
-
-
-def make(spec: str) -> Nemesis:
-    """The nemesis of a fault name (`NAME` or `NAME:PARAM`); FaultNameError naming the fix if unknown."""
-    name, param = parse_name(spec)
-    entry = REGISTRY.get(name)
-    if entry is None:
-        raise FaultNameError(f"unknown nemesis {name!r}", f"use one of {', '.join(REGISTRY)} "
-                         "(see `pulsar-chaos run --help`)")
-    if param is not None and not entry.param:
-        raise FaultNameError(f"nemesis {name!r} takes no :{param}", f"write just {name}")
-    if param == "":
-        raise FaultNameError(f"nemesis {spec!r} has an empty {entry.param} after ':'",
-                         f"write {name}:{entry.param} or just {name}")
-    if param is not None and entry.param == "TARGET":
-        from nemesis.targets import check_name
-        check_name(param)
-    try:
-        return entry.factory(param)
-    except FaultNameError:
-        raise
-    except ValueError as e:          # a parameter the nemesis itself refuses (kill-role:nobody)
-        raise FaultNameError(str(e), f"see `pulsar-chaos run --help` for what {name} takes") from None
-
-
-def help_lines(width: int = 22) -> list[str]:
-    """One line per fault name, for `run --help`."""
-    out = []
-    for name, e in REGISTRY.items():
-        shown = f"{name}[:{e.param}]" if e.param else name
-        out.append(f"  {shown:{width}} {e.help}")
-    return out
 
 
 def _error(e: BaseException) -> str:
@@ -257,9 +150,7 @@ class NemesisRunner:
                         self._stop(nem)
             while pending and pending[0].at <= now:
                 entry = pending.pop(0)
-                nem = make(entry.name)
-                if entry.grudge is not None and isinstance(nem, GrudgeNemesis):
-                    nem.grudge = entry.grudge
+                nem = make(entry.name, grudge=entry.grudge)
                 self._start(nem)
                 if nem.is_active() and entry.hold is not None:
                     running.append((entry.at + entry.hold, nem))
@@ -337,7 +228,7 @@ class NemesisRunner:
 
     def _start(self, nem: Nemesis) -> None:
         with self._lock:
-            f = f"start-{nem.name}"
+            f = start_f(nem.name)
             try:
                 plan = nem.choose(self.ctx)
             except Exception as e:           # nothing was done: the fault failed
@@ -365,7 +256,7 @@ class NemesisRunner:
     def _stop(self, nem: Nemesis) -> bool:
         with self._lock:
             applied = nem.applied
-            inv = self._journal(Op(process=NEMESIS_PROCESS, type=INVOKE, f=f"stop-{nem.name}",
+            inv = self._journal(Op(process=NEMESIS_PROCESS, type=INVOKE, f=stop_f(nem.name),
                                    key=_key(applied), node=_node(applied)))
             try:
                 value = nem.stop(self.ctx)

@@ -36,7 +36,7 @@ from urllib.parse import quote, urlsplit
 from clusters import zookeeper
 from clusters.bookkeeper.metadata import LedgerMetadata, ledger_path
 from clusters.protocol.topics import normalize_topic
-from nemesis.base import NemesisContext, NemesisError
+from nemesis.base import FaultNameError, NemesisContext, NemesisError
 
 ROLES = ("broker", "bookie", "zookeeper")
 RANDOM_ROLES = ("broker", "bookie")           # what `random` draws from, as the kill/pause nemeses
@@ -171,7 +171,6 @@ def check_name(selector: str) -> None:
     target on some cluster, a selector or a node name like broker-1."""
     if selector in FIXED_SELECTORS or _NODE_NAME.match(selector):
         return
-    from nemesis.combine import FaultNameError
     raise FaultNameError(f"unknown target {selector!r}",
                          f"use one of {', '.join(FIXED_SELECTORS)}, or a node name like broker-1")
 

@@ -45,7 +45,7 @@ QUEUE_TYPES = ("lost", "unexpected", "duplicated", "duplicate")
 CHECKED = {"log": LOG_TYPES, "queue": QUEUE_TYPES}
 
 NEMESIS = -1
-DELIVERY_FS = ("receive", "read")      # the f names whose ok messages harness.store.deliveries() explodes
+DELIVERY_FS = ("receive", "read")      # the f names whose ok messages core.store.deliveries() explodes
 
 POS = T.StructType([T.StructField("ledger_id", T.LongType()), T.StructField("entry_id", T.LongType()),
                     T.StructField("batch_index", T.LongType())])

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from harness import store
+from core import store
 
 HISTORY_COLUMNS = ("index", "time_ns", "process", "type", "f", "key", "value", "message_id", "node", "error")
 DELIVERY_COLUMNS = ("index", "time_ns", "process", "f", "key", "position", "value", "message_id",
@@ -156,7 +156,7 @@ class Skipped:
 
 def _spec_object(raw: dict[str, Any]):
     """A TestSpec from a test.toml table, leniently: fields this version does not know are dropped."""
-    from harness.spec import FIELD_TYPES, TestSpec
+    from core.spec import FIELD_TYPES, TestSpec
     d = {k.replace("-", "_"): v for k, v in raw.items()}
     return TestSpec(**{k: v for k, v in d.items() if k in FIELD_TYPES})
 

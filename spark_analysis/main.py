@@ -14,19 +14,20 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 if __package__ in (None, ""):            # spark-submit spark_analysis/main.py: the repo on sys.path,
     _here = str(Path(__file__).resolve().parent)      # not this folder (its modules are the package's)
     sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _here]
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from core.store import EXIT_CRASH, EXIT_USAGE, EXIT_VALID  # noqa: E402
 from spark_analysis import session as spark_session  # noqa: E402
 from spark_analysis.inputs import InputError, Run, Skipped, has_scheme  # noqa: E402
 
-EXIT_OK = 0
-EXIT_USER_ERROR = 2
-EXIT_SPARK_FAILED = 1          # Spark itself failed (out of memory, a lost cluster): one line, no traceback
+# the project's one exit-code scheme: 254 bad input, 255 Spark itself failed (out of memory, a lost
+# cluster: one line, no traceback)
+EXIT_OK, EXIT_USER_ERROR, EXIT_SPARK_FAILED = EXIT_VALID, EXIT_USAGE, EXIT_CRASH
 MAX_SUMMARY_ROWS = 15          # configurations printed as they are; more are rolled up
 TABLES = ("runs", "skipped", "anomalies", "anomaly_counts", "by_config", "detection", "perf_by_state",
           "unavailability", "recovery", "trends")
@@ -110,7 +111,7 @@ class Out:
 
 def new_out_dir(out: str) -> str:
     """<out>/analysis/<YYYYmmddTHHMMSS>[-N] (made, for a local out)."""
-    from harness.store import RUN_FOLDER_FORMAT
+    from core.store import RUN_FOLDER_FORMAT
     stamp = time.strftime(RUN_FOLDER_FORMAT)
     base = f"{out.rstrip('/')}/analysis"
     if has_scheme(out):
@@ -378,7 +379,8 @@ def print_summary(res: Result, out: TextIO) -> None:
 # ------------------------------------------------------------------------------------ entry points
 
 def run_args(args: argparse.Namespace, echo: TextIO = sys.stdout) -> int:
-    """The CLI's handler: 0 on success (skipped runs included), 2 with one line on bad input."""
+    """The CLI's handler: 0 on success (skipped runs included), 254 with one line on bad input, 255
+    when Spark failed."""
     try:
         settings = settings_from_args(args)
         analyze(args.results_dirs or ["results"], args.out, settings, echo=echo)
@@ -395,8 +397,14 @@ def run_args(args: argparse.Namespace, echo: TextIO = sys.stdout) -> int:
     return EXIT_OK
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:           # a bad flag is a usage error: 254, one line
+        print(f"error: {message} (fix: see `{self.prog} --help`)", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="spark_analysis.main", description=__doc__.splitlines()[0])
+    p = _Parser(prog="spark_analysis.main", description=__doc__.splitlines()[0])
     add_arguments(p)
     return run_args(p.parse_args(argv))
 

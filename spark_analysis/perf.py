@@ -1,8 +1,8 @@
 """Latency, throughput, unavailability and recovery per fault state over every run, as Spark jobs.
 
-Fault states follow checkers/perf.py: a fault X is active from the completion of its `start-X` (ok or
-info) to the ok completion of its `stop-X` (or of a `heal` / `stop-all`, which ends every fault);
-faults active at once form the state "a+b", none is "healthy". The nemesis ops are few, so the
+Fault states follow core/faults.py, as checkers/perf.py does: a fault X is active from the ok or
+info completion of its `start-X` to the ok or info completion of its `stop-X` (or of a `heal` /
+`stop-all`, which ends every fault); faults active at once form the state "a+b", none is "healthy". The nemesis ops are few, so the
 timeline of each run is built on the driver; the ops (millions) are matched to it in Spark by an
 equality join on (run, time bucket) plus a range filter, never a cross join.
 
@@ -23,7 +23,8 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from checkers.perf import DEFAULTS as PERF_DEFAULTS
-from checkers.perf import HEALTHY, WRITE_FS, FaultTimeline
+from checkers.perf import WRITE_FS
+from core.faults import HEALTHY, FaultTimeline
 from spark_analysis.inputs import Run, run_names, with_run_names
 
 NEG = -(1 << 62)
@@ -51,7 +52,7 @@ def timelines(nemesis_ops: list[Any]) -> dict[str, Timeline]:
             tl.feed(r["time_ns"], r["type"], r["f"])
         seg_t, seg_s = tl.seg_t, tl.seg_s
         segs = [(seg_t[i], seg_t[i + 1] if i + 1 < len(seg_t) else POS, seg_s[i]) for i in range(len(seg_t))]
-        out[run_id] = Timeline(run_id, segs, [(o["fault"], o["start_ns"], o["stop_ns"]) for o in tl.occurrences])
+        out[run_id] = Timeline(run_id, segs, [(o.name, o.started_ns, o.stop_ns) for o in tl.occurrences()])
     return out
 
 

@@ -40,9 +40,9 @@ def test_doctor_lists_every_prerequisite():
     (["cluster", "partition", "zk-1"], "at least two groups"),
     (["nonsense"], "invalid choice"),
 ])
-def test_user_errors_are_one_line_exit_2(args, words):
+def test_user_errors_are_one_line_exit_254(args, words):
     out = run(*args)
-    assert out.returncode == 2
+    assert out.returncode == 254
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], out.stderr
     assert "(fix: " in lines[0]
@@ -67,7 +67,7 @@ def test_cluster_by_hand():
         up = run("cluster", "up", "--name", name, "--brokers", "0", "--bookies", "0")
         assert up.returncode == 0, up.stderr
         again = run("cluster", "up", "--name", name, "--brokers", "0", "--bookies", "0")
-        assert again.returncode == 2 and "already up" in again.stderr
+        assert again.returncode == 254 and "already up" in again.stderr
         st = json.loads(run("cluster", "status", "--name", name).stdout)
         assert st["status"] == "up" and st["zk_connect"] in up.stdout
         zk = next(n for n in st["nodes"] if n["name"] == "zk-1")
@@ -79,10 +79,10 @@ def test_cluster_by_hand():
         assert "zk-1: dead" in run("cluster", "kill", "--name", name, "zk-1").stdout
         assert "zk-1: running" in run("cluster", "start", "--name", name, "zk-1").stdout
         bad = run("cluster", "kill", "--name", name, "zk-9")
-        assert bad.returncode == 2 and "no node named" in bad.stderr
+        assert bad.returncode == 254 and "no node named" in bad.stderr
         assert run("cluster", "down", "--name", name).returncode == 0
         gone = run("cluster", "down", "--name", name)
-        assert gone.returncode == 2 and "not up" in gone.stderr
+        assert gone.returncode == 254 and "not up" in gone.stderr
     finally:
         run("cluster", "down", "--force", "--name", name)
         shutil.rmtree(f"/tmp/pulsar-chaos/clusters/{name}", ignore_errors=True)

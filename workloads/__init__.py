@@ -1,50 +1,62 @@
 """Workloads: one module per workload with its op generator, its client code and its checkers.
 
-A workload module provides (see workloads/log.py; `workloads.base.Context` is what it is handed):
-  DESCRIPTION                 one line for `pulsar-chaos run --help`
-  OPTIONS                     {name: (default, one-line help)}; spec.options may set them (the default's type)
-  keys(spec, run_id)          the topics (znodes, ledgers) it uses; topic-targeted faults pick from them
-  worker_count(spec)          how many worker processes run its client threads
-  prepare(ctx)                optional, in the runner after deploy (namespace policies and the like)
-  start(ctx)                  in worker process ctx.worker: start its client threads, return them
-  start_final(ctx)            in the final-reads process: start the final reads / drains, return the threads
-  checkers(spec)              {name: (check function, opts)} run over the history
+A workload module meets `workloads.base.Workload` (a typing.Protocol: DESCRIPTION, OPTIONS,
+keys, worker_count, start, start_final, checkers; optionally CHOICES and prepare); see
+workloads/log.py, and docs/extending.md for a new one. `REGISTRY` maps each name to a
+`WorkloadEntry` whose module is imported on first use.
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
-from types import ModuleType
+from dataclasses import dataclass
 from typing import Any
 
-# name -> module; the order is the order in --help
-REGISTRY = {
-    "log": "workloads.log",
-    "queue": "workloads.queue",
-    "subscriptions": "workloads.subscriptions",
-    "exactly-once": "workloads.exactly_once",
-    "ledger": "workloads.ledger",
-    "register": "workloads.register",
-}
+from core.registry import Registry
+from workloads.base import REQUIRED, Workload
+
+
+class WorkloadError(TypeError):
+    """A registered workload module that does not meet the `Workload` contract."""
+
+
+@dataclass(frozen=True)
+class WorkloadEntry:
+    """A workload's declaration: the module that implements it (imported on first use)."""
+    module: str
+
+    def load(self) -> Workload:
+        mod = importlib.import_module(self.module)
+        missing = [m for m in REQUIRED if not hasattr(mod, m)]
+        if missing:
+            raise WorkloadError(f"workload module {self.module} lacks {', '.join(missing)} "
+                                f"(see workloads.base.Workload)")
+        return mod  # type: ignore[return-value]
+
+
+# the order is the order in --help
+REGISTRY: Registry[WorkloadEntry] = Registry("workload", {
+    "log": WorkloadEntry("workloads.log"),
+    "queue": WorkloadEntry("workloads.queue"),
+    "subscriptions": WorkloadEntry("workloads.subscriptions"),
+    "exactly-once": WorkloadEntry("workloads.exactly_once"),
+    "ledger": WorkloadEntry("workloads.ledger"),
+    "register": WorkloadEntry("workloads.register"),
+})
 
 
 def available() -> tuple[str, ...]:
-    """The workloads whose module exists in this checkout."""
-    out = []
-    for name, mod in REGISTRY.items():
-        if importlib.util.find_spec(mod) is not None:
-            out.append(name)
-    return tuple(out)
+    """The registered workloads whose module exists in this checkout."""
+    return tuple(name for name, e in REGISTRY.items() if importlib.util.find_spec(e.module) is not None)
 
 
-def get(name: str) -> ModuleType:
-    if name not in REGISTRY:
-        raise KeyError(f"unknown workload {name!r}; known: {', '.join(available())}")
-    return importlib.import_module(REGISTRY[name])
+def get(name: str) -> Workload:
+    """The workload module of `name`; `core.registry.UnknownName` (a KeyError) if none is registered."""
+    return REGISTRY[name].load()
 
 
 def options(name: str, given: dict[str, Any]) -> dict[str, Any]:
     """The workload's options: its defaults overlaid with `given` (validated by the spec)."""
-    out = {k: d for k, (d, _) in getattr(get(name), "OPTIONS", {}).items()}
+    out = {k: d for k, (d, _) in get(name).OPTIONS.items()}
     out.update(given or {})
     return out

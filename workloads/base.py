@@ -1,5 +1,6 @@
-"""What every workload shares: the context a worker process hands it, journaling that survives a
-closing journal, and the loop that paces one logical client thread's ops and retires crashed processes.
+"""What every workload shares: its contract (`Workload`), the context a worker process hands it,
+journaling that survives a closing journal, and the loop that paces one logical client thread's ops
+and retires crashed processes.
 """
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
-from harness.history import INFO, INVOKE, Journal, Op
-from harness.spec import TestSpec
+from core.history import INFO, INVOKE, Journal, Op
+from core.spec import TestSpec
 
 FINAL_PROCESS = 1_000_000         # process ids of final reads / drains: FINAL_PROCESS + n
 LEDGERS_OFFSET = 500_000          # ... and of the ledger listings after them: FINAL_PROCESS + this + n
@@ -62,6 +63,34 @@ class Context:
 
     def rng(self, *parts: Any) -> random.Random:
         return random.Random(":".join(str(p) for p in (self.spec.seed, self.spec.workload, *parts)))
+
+
+class Workload(Protocol):
+    """The contract of a workload module (workloads/log.py is the plainest one that meets it).
+
+    Optional members: `CHOICES` ({option: allowed values}) and `prepare(ctx)`, run in the runner after
+    deploy (namespace policies and the like)."""
+
+    DESCRIPTION: str                                  # one line for `pulsar-chaos run --help`
+    OPTIONS: dict[str, tuple[Any, str]]               # {name: (default, help)}; spec.options sets them
+
+    def keys(self, spec: TestSpec, run_id: str) -> list[str]:
+        """The topics (znodes, ledgers) it uses; topic-targeted faults pick from them."""
+
+    def worker_count(self, spec: TestSpec) -> int:
+        """How many worker processes run its client threads."""
+
+    def start(self, ctx: Context) -> list[threading.Thread]:
+        """In worker process ctx.worker: start its client threads, return them."""
+
+    def start_final(self, ctx: Context) -> list[threading.Thread]:
+        """In the final-reads process: start the final reads / drains, return the threads."""
+
+    def checkers(self, spec: TestSpec | None) -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
+        """{checker name: (check function, opts)} run over the history (`checkers.select`)."""
+
+
+REQUIRED = ("DESCRIPTION", "OPTIONS", "keys", "worker_count", "start", "start_final", "checkers")
 
 
 class Retired(Exception):

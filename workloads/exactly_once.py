@@ -87,8 +87,8 @@ from pathlib import Path
 from typing import Any
 
 from checkers.exactly_once import amount_of
-from harness.history import FAIL, INFO, INVOKE, OK, Journal, MessageId, Op
-from harness.spec import TestSpec
+from core.history import FAIL, INFO, INVOKE, OK, Journal, MessageId, Op
+from core.spec import TestSpec
 from workloads import base
 from workloads.base import MAX_WORKERS, Context, Planned
 
@@ -181,8 +181,7 @@ def prepare(ctx: Context) -> None:
 
 
 def start(ctx: Context) -> list[threading.Thread]:
-    from workloads.log import session_for
-    from workloads.pulsar_client import send
+    from workloads.pulsar_client import send, session_for
     session = session_for(ctx)
     inputs = [a for a, _ in pipelines(ctx.keys)]
     mine = [t for t in threads(ctx.spec, ctx.workers) if t.worker == ctx.worker]
@@ -400,9 +399,9 @@ class Processor:
     """One incarnation of a pipeline's processor (see the module docstring)."""
 
     def __init__(self, run_dir: Path, pipeline: int, incarnation: int, t0_ns: int, status: Path | None):
-        from harness import store
+        from core import store
         self.run_dir = Path(run_dir)
-        self.spec = store.load_spec(self.run_dir)
+        self.spec = store.load_spec(self.run_dir, catalog=None)
         self.cluster = json.loads((self.run_dir / store.CLUSTER_JSON).read_text())
         self.pipeline, self.incarnation = pipeline, incarnation
         self.input, self.output = pipelines(keys(self.spec, self.run_dir.name))[pipeline]
@@ -655,8 +654,7 @@ def final_checkpoint(run_dir: Path, pipeline: int, input_topic: str, output_topi
 
 def start_final(ctx: Context) -> list[threading.Thread]:
     """Per pipeline: A and B read from the earliest message, then the latest durable checkpoint."""
-    from workloads.log import session_for
-    from workloads.pulsar_client import read_topic
+    from workloads.pulsar_client import read_topic, session_for
     session = session_for(ctx)
 
     def one(p: int, a: str, b: str) -> None:
@@ -670,10 +668,10 @@ def start_final(ctx: Context) -> list[threading.Thread]:
 
 
 def checkers(spec: TestSpec | None = None) -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
-    from checkers import CHECKERS
+    from checkers import select
     dedup = bool(_opt(spec, "dedup_output")) if spec is not None else True
     want = {"exactly-once": {"dedup_output": dedup}, "perf": {"write_fs": ("send",)}}
-    return {n: (CHECKERS[n], o) for n, o in want.items() if n in CHECKERS}
+    return select(want)
 
 
 if __name__ == "__main__":

@@ -32,8 +32,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from harness.history import FAIL, INFO, INVOKE, OK, MessageId, Op
-from harness.spec import TestSpec
+from core.history import FAIL, INFO, INVOKE, OK, MessageId, Op
+from core.spec import TestSpec
 from workloads import base
 from workloads.base import MAX_WORKERS, Context, Planned
 
@@ -476,7 +476,7 @@ def start_final(ctx: Context) -> list[threading.Thread]:
 
 
 def checkers(spec: TestSpec | None = None) -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
-    from checkers import CHECKERS
+    from checkers import select
     want: dict[str, dict[str, Any]] = {"fencing": {"final_process": base.FINAL_PROCESS},
                                        "perf": {"write_fs": ("add",)}}
-    return {n: (CHECKERS[n], o) for n, o in want.items() if n in CHECKERS}
+    return select(want)

@@ -6,40 +6,32 @@ performs one op with `pulsar-client` and maps its outcome to ok/fail/info, and i
 """
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from harness.history import Journal, Op
-from harness.spec import TestSpec
+from core.history import Journal, Op
+from core.spec import TestSpec
 from workloads import base
 from workloads.base import MAX_WORKERS, Context, Planned
-from workloads.pulsar_client import Session, ledger_list, read_topic, receive, send
+from workloads.pulsar_client import Session, final_reads, receive, send, session_for, topic_names
 
 DESCRIPTION = "producers append unique ints to topics, Exclusive consumers read them, final reads replay each topic"
 OPTIONS: dict[str, tuple[Any, str]] = {}
 VALUE_STRIDE = base.VALUE_STRIDE
 FINAL_READ_PROCESS = base.FINAL_PROCESS   # process ids of the final reads: FINAL_READ_PROCESS + topic index
-# the checkers every Pulsar log-shaped history gets, by name in checkers.CHECKERS (those present)
+# the checkers every Pulsar log-shaped history gets (those registered)
 CHECKER_NAMES = ("log", "elle", "fencing", "perf")
 
 
 def checkers(spec: TestSpec | None = None, extra: dict[str, dict[str, Any]] | None = None
              ) -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
-    """{name: (check, opts)}: the log-shaped checkers present in checkers.CHECKERS, with `extra` opts."""
-    from checkers import CHECKERS
+    """{name: (check, opts)}: the log-shaped checkers, with `extra` opts."""
+    from checkers import select
     extra = extra or {}
-    return {n: (CHECKERS[n], dict(extra.get(n, {}))) for n in CHECKER_NAMES if n in CHECKERS}
-
-
-def __getattr__(name: str) -> Any:
-    # CHECKERS is resolved on first use so that workers (which never check) don't import checkers
-    if name == "CHECKERS":
-        return {n: fn for n, (fn, _) in checkers().items()}
-    raise AttributeError(name)
+    return select({n: extra.get(n, {}) for n in CHECKER_NAMES})
 
 
 # ------------------------------------------------------------------------------------ the plan
@@ -52,10 +44,6 @@ class Thread:
     batched: bool                  # senders: a batching producer or not
     topics: tuple[int, ...]        # topic indexes it picks from
     worker: int
-
-
-def topic_names(test_name: str, run_id: str, n: int) -> list[str]:
-    return [f"persistent://public/default/{test_name}-{run_id}-{i}" for i in range(n)]
 
 
 def worker_count(spec: TestSpec) -> int:
@@ -120,33 +108,11 @@ def run_thread(session: Session, spec: TestSpec, thread: Thread, topics: list[st
     base.drive(ctx, thread.index, spec.concurrency, generator(spec, thread, topics), perform, on_op)
 
 
-def session_for(ctx: Context, **kw: Any) -> Session:
-    """The worker's Pulsar session (closed by the worker at exit)."""
-    final = ctx.name == "final-reads"
-    s = Session(ctx.service_url, f"{ctx.run_dir.name[-6:]}-{ctx.name}", ctx.nodes_by_host(), ctx.out or sys.stdout,
-                producer_lifetime=0.0 if final else ctx.spec.client_lifetime, **kw)
-    ctx.cleanups.append(lambda: s.close(3.0))
-    return s
-
-
 def start(ctx: Context) -> list[threading.Thread]:
     session = session_for(ctx)
     mine = [t for t in threads(ctx.spec, ctx.workers) if t.worker == ctx.worker]
     return base.start_threads(ctx, [(f"thread-{t.index}", lambda t=t: run_thread(
         session, ctx.spec, t, ctx.keys, ctx.journal, ctx.deadline, ctx.stop)) for t in mine])
-
-
-def final_reads(ctx: Context, session: Session, first_process: int = FINAL_READ_PROCESS
-                ) -> list[tuple[str, Callable[[], None]]]:
-    """One final read per topic from the earliest message, then the topic's ledger list (for the
-    fencing checker's ledger bounds); as (name, fn) pairs for base.start_threads."""
-    def one(i: int, topic: str) -> None:
-        base.once(ctx, first_process + i, "read", topic, None,
-                  lambda: read_topic(session, topic, ctx.spec.final_read_timeout))
-        # another process id: the read's process is retired if the read ended info
-        base.once(ctx, first_process + base.LEDGERS_OFFSET + i, "ledgers", topic, None,
-                  lambda: ledger_list(ctx.admin_urls(), topic))
-    return [(f"read-{i}", lambda i=i, t=t: one(i, t)) for i, t in enumerate(ctx.keys)]
 
 
 def start_final(ctx: Context) -> list[threading.Thread]:

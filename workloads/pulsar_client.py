@@ -1,6 +1,7 @@
 """The Pulsar client side shared by the Pulsar workloads: a worker's `pulsar.Client` with its producers
-and consumers (made lazily, made again when broken), and one send, receive or final read mapped to
-ok / fail / info, with the broker each was served by.
+and consumers (made lazily, made again when broken), one send, receive or final read mapped to
+ok / fail / info with the broker each was served by, and the steps several workloads take (topic
+names, a worker's session, final reads, final drains).
 """
 from __future__ import annotations
 
@@ -17,14 +18,17 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, TextIO
 
-from harness.history import FAIL, INFO, OK, MessageId
-from workloads.base import decode_value
+from core.history import FAIL, INFO, OK, MessageId
+from workloads import base
+from workloads.base import FINAL_PROCESS, Context, decode_value
 
 SUBSCRIPTION = "chaos"
 SEND_TIMEOUT_MS = 10_000          # a send that takes longer is indeterminate (info)
 OPERATION_TIMEOUT_S = 10          # lookups, producer/consumer creation
 RECEIVE_WAIT_MS = 100             # a receive op waits this long for its first message
 RECEIVE_MAX = 16                  # ... then takes what is already there, up to this many
+DRAIN_IDLE_S = 3.0                # a final drain ends after this long without a message ...
+DRAIN_MAX_S = 60.0                # ... or after this long in all
 BATCH_DELAY_MS = 20               # batched producers: a wider window so concurrent sends share a batch
 READ_NEXT_MS = 2_000
 ADMIN_TIMEOUT_S = 10
@@ -349,17 +353,17 @@ def admin_call(admin_urls: list[str], path: str, body: Any = None, method: str |
     """GET (or POST `body` as JSON; or `method`) `path` on the first broker that answers; the decoded
     JSON reply. Raises RuntimeError naming every broker's error when none does."""
     errors = []
-    for base in admin_urls:
+    for url in admin_urls:
         try:
             data = None if body is None else json.dumps(body).encode()
-            req = urllib.request.Request(base + path, data=data,
+            req = urllib.request.Request(url + path, data=data,
                                          method=method or ("GET" if body is None else "POST"),
                                          headers={"Content-Type": "application/json"})
             with urllib.request.urlopen(req, timeout=ADMIN_TIMEOUT_S) as r:
                 raw = r.read()
             return json.loads(raw) if raw.strip() else None
         except Exception as e:
-            errors.append(f"{base}: {_err(e)}")
+            errors.append(f"{url}: {_err(e)}")
     raise RuntimeError("; ".join(errors) or "no broker to ask")
 
 
@@ -394,3 +398,61 @@ def ledger_list(admin_urls: list[str], topic: str) -> tuple[str, dict[str, Any]]
             entries = int(lc_entry) + 1 if lc_ledger == str(lid) and lc_entry.lstrip("-").isdigit() else 0
         ledgers.append({"ledger_id": lid, "entries": int(entries)})
     return OK, {"value": {"ledgers": ledgers, "last_confirmed": lc}}
+
+
+# ------------------------------------------------------------------------------------ steps the workloads share
+
+def topic_names(test_name: str, run_id: str, n: int) -> list[str]:
+    return [f"persistent://public/default/{test_name}-{run_id}-{i}" for i in range(n)]
+
+
+def session_for(ctx: Context, **kw: Any) -> Session:
+    """The worker's Pulsar session (closed by the worker at exit)."""
+    final = ctx.name == "final-reads"
+    s = Session(ctx.service_url, f"{ctx.run_dir.name[-6:]}-{ctx.name}", ctx.nodes_by_host(), ctx.out or sys.stdout,
+                producer_lifetime=0.0 if final else ctx.spec.client_lifetime, **kw)
+    ctx.cleanups.append(lambda: s.close(3.0))
+    return s
+
+
+def final_reads(ctx: Context, session: Session, first_process: int = FINAL_PROCESS
+                ) -> list[tuple[str, Callable[[], None]]]:
+    """One final read per topic from the earliest message, then the topic's ledger list (for the
+    fencing checker's ledger bounds); as (name, fn) pairs for base.start_threads."""
+    def one(i: int, topic: str) -> None:
+        base.once(ctx, first_process + i, "read", topic, None,
+                  lambda: read_topic(session, topic, ctx.spec.final_read_timeout))
+        # another process id: the read's process is retired if the read ended info
+        base.once(ctx, first_process + base.LEDGERS_OFFSET + i, "ledgers", topic, None,
+                  lambda: ledger_list(ctx.admin_urls(), topic))
+    return [(f"read-{i}", lambda i=i, t=t: one(i, t)) for i, t in enumerate(ctx.keys)]
+
+
+def drain(session: Session, topic: str, subscription: str, type_: str, name: str,
+          idle_s: float = DRAIN_IDLE_S, max_s: float = DRAIN_MAX_S) -> tuple[str, dict[str, Any]]:
+    """Receive and acknowledge until nothing has arrived for idle_s: ok with everything received
+    (fail if nothing), info if still receiving after max_s."""
+    end = time.monotonic() + max_s
+    got: list[dict[str, Any]] = []
+    node = ""
+    idle_since = time.monotonic()
+    while time.monotonic() < end:
+        type_r, ch, _, _ = receive(session, topic, subscription, type_, name, max_messages=256)
+        if type_r == OK:
+            got += ch["value"]
+            node = ch.get("node") or node
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since >= idle_s:
+            return (OK, {"value": got, "node": node}) if got else (FAIL, {"error": "empty", "node": node})
+        else:
+            time.sleep(RECEIVE_WAIT_MS / 1000)
+    return INFO, {"value": got, "error": f"drain still receiving after {max_s:.0f}s ({len(got)} messages)"}
+
+
+def final_drains(ctx: Context, session: Session, subscription: str, type_: str,
+                 f: str = "drain") -> list[tuple[str, Callable[[], None]]]:
+    """One drain per topic on the workload's subscription, as (name, fn) pairs."""
+    def one(i: int, topic: str) -> None:
+        base.once(ctx, base.FINAL_PROCESS + i, f, topic, None,
+                  lambda: drain(session, topic, subscription, type_, f"{ctx.run_dir.name[-6:]}-drain-{i}"))
+    return [(f"drain-{i}", lambda i=i, t=t: one(i, t)) for i, t in enumerate(ctx.keys)]

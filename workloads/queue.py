@@ -9,17 +9,14 @@ analysis). With the `dedup` option the topics run with broker deduplication, and
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from harness.history import FAIL, OK
-from harness.spec import TestSpec
+from core.spec import TestSpec
 from workloads import base
 from workloads.base import MAX_WORKERS, Context, Planned
-from workloads.log import session_for, topic_names
-from workloads.pulsar_client import RECEIVE_WAIT_MS, Session, receive, send, set_topic_policy
+from workloads.pulsar_client import final_drains, receive, send, session_for, set_topic_policy, topic_names
 
 DESCRIPTION = "producers enqueue unique ints, competing Shared consumers dequeue them, a final drain empties the queue"
 OPTIONS: dict[str, tuple[Any, str]] = {
@@ -31,8 +28,6 @@ OPTIONS: dict[str, tuple[Any, str]] = {
 }
 NACK_DELAY_MS = 200           # redelivery delay of negatively acknowledged messages (the client's default is 60 s)
 SUBSCRIPTION = "queue"
-DRAIN_IDLE_S = 3.0            # the drain ends after this long without a message ...
-DRAIN_MAX_S = 60.0            # ... or after this long in all
 
 
 def keys(spec: TestSpec, run_id: str) -> list[str]:
@@ -114,45 +109,14 @@ def start(ctx: Context) -> list[threading.Thread]:
     return base.start_threads(ctx, [(f"thread-{t.index}", lambda t=t: run(t)) for t in mine])
 
 
-def drain(session: Session, topic: str, subscription: str, type_: str, name: str,
-          idle_s: float = DRAIN_IDLE_S, max_s: float = DRAIN_MAX_S) -> tuple[str, dict[str, Any]]:
-    """Receive and acknowledge until nothing has arrived for idle_s: ok with everything received
-    (fail if nothing), info if still receiving after max_s."""
-    end = time.monotonic() + max_s
-    got: list[dict[str, Any]] = []
-    node = ""
-    idle_since = time.monotonic()
-    while time.monotonic() < end:
-        type_r, ch, _, _ = receive(session, topic, subscription, type_, name, max_messages=256)
-        if type_r == OK:
-            got += ch["value"]
-            node = ch.get("node") or node
-            idle_since = time.monotonic()
-        elif time.monotonic() - idle_since >= idle_s:
-            return (OK, {"value": got, "node": node}) if got else (FAIL, {"error": "empty", "node": node})
-        else:
-            time.sleep(RECEIVE_WAIT_MS / 1000)
-    from harness.history import INFO
-    return INFO, {"value": got, "error": f"drain still receiving after {max_s:.0f}s ({len(got)} messages)"}
-
-
-def final_drains(ctx: Context, session: Session, subscription: str, type_: str,
-                 f: str = "drain") -> list[tuple[str, Callable[[], None]]]:
-    """One drain per topic on the workload's subscription, as (name, fn) pairs."""
-    def one(i: int, topic: str) -> None:
-        base.once(ctx, base.FINAL_PROCESS + i, f, topic, None,
-                  lambda: drain(session, topic, subscription, type_, f"{ctx.run_dir.name[-6:]}-drain-{i}"))
-    return [(f"drain-{i}", lambda i=i, t=t: one(i, t)) for i, t in enumerate(ctx.keys)]
-
-
 def start_final(ctx: Context) -> list[threading.Thread]:
     return base.start_threads(ctx, final_drains(ctx, session_for(ctx), SUBSCRIPTION, "Shared"))
 
 
 def checkers(spec: TestSpec | None = None) -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
-    from checkers import CHECKERS
+    from checkers import select
     o = spec.options if spec else {}
     want = {"queue": {"enqueue": ("enqueue",), "dequeue": ("dequeue", "drain"), "dedup": bool(o.get("dedup")),
                       "exactly_once": bool(o.get("exactly_once"))},
             "perf": {"write_fs": ("enqueue",)}}
-    return {n: (CHECKERS[n], o) for n, o in want.items() if n in CHECKERS}
+    return select(want)

@@ -41,8 +41,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from harness.history import FAIL, INFO, OK
-from harness.spec import TestSpec
+from core.history import FAIL, INFO, OK
+from core.spec import TestSpec
 from workloads import base
 from workloads.base import MAX_WORKERS, Context, Planned
 
@@ -269,8 +269,8 @@ def start_final(ctx: Context) -> list[threading.Thread]:
 
 
 def checkers(spec: TestSpec | None = None) -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
-    from checkers import CHECKERS
+    from checkers import select
     # a bounded search: a history it cannot decide in LINEAR_TIME_LIMIT_S is "unknown", never a hang
     want: dict[str, dict[str, Any]] = {"linear": {"model": "cas-register", "time_limit_s": LINEAR_TIME_LIMIT_S},
                                        "perf": {"write_fs": ("write", "cas")}}
-    return {n: (CHECKERS[n], o) for n, o in want.items() if n in CHECKERS}
+    return select(want)

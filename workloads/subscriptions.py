@@ -14,12 +14,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from harness.spec import TestSpec
+from core.spec import TestSpec
 from workloads import base
 from workloads.base import MAX_WORKERS, Context, Planned
-from workloads.log import final_reads, session_for, topic_names
-from workloads.pulsar_client import receive, send
-from workloads.queue import final_drains
+from workloads.pulsar_client import final_drains, final_reads, receive, send, session_for, topic_names
 
 DESCRIPTION = "Failover or Key_Shared consumers come and go on one subscription; order per consumer / per key"
 OPTIONS: dict[str, tuple[Any, str]] = {
@@ -114,9 +112,9 @@ def start_final(ctx: Context) -> list[threading.Thread]:
 
 
 def checkers(spec: TestSpec | None = None) -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
-    from checkers import CHECKERS
+    from checkers import select
     sub_type = _TYPES[_sub(spec)][1]
     want = {"log": {"subscription_type": sub_type},
             "queue": {"enqueue": ("send",), "dequeue": ("receive", "drain")},
             "fencing": {}, "perf": {}}
-    return {n: (CHECKERS[n], o) for n, o in want.items() if n in CHECKERS}
+    return select(want)

@@ -12,7 +12,7 @@ import pytest
 
 from bench import campaign_gen as cg
 from checkers.log import check
-from harness import store
+from core import store
 
 
 def _types(planted: dict) -> set[str]:
@@ -40,7 +40,7 @@ def test_campaign_runs_hold_exactly_the_planted_anomalies(tmp_path: Path, monkey
         for name in (store.TEST_TOML, store.HISTORY_JSONL, store.HISTORY_PARQUET, store.DELIVERIES_PARQUET,
                      store.RESULTS_JSON):
             assert (run_dir / name).is_file(), name
-        spec = store.load_spec(run_dir)
+        spec = store.load_spec(run_dir, catalog=None)
         assert spec.nemesis == e["nemesis"] and spec.bugs == e["bugs"]
         # the checker run afresh on the history as `pulsar-chaos check` reads it
         history = store.load_history(run_dir)

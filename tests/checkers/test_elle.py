@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from checkers import CHECKERS
+from checkers import REGISTRY
 from checkers.elle import ANOMALY_TYPES, PROC, RT_IN, RW, WR, WW, _Graph, check
-from harness.history import MessageId, Op
+from core.history import MessageId, Op
 
 MS = 1_000_000
 
@@ -65,7 +65,7 @@ def kinds_of(cycle: dict) -> list[str]:
 
 
 def test_registered_and_clean_history_with_exact_edges():
-    assert CHECKERS["elle"] is check
+    assert REGISTRY["elle"].check is check
     h = E()
     h.send(0, 1, 0, 1)
     h.send(0, 2, 2, 3)

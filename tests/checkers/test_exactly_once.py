@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from checkers.exactly_once import amount_of, check, pos_of
-from harness.history import INFO, INVOKE, OK, MessageId, Op
+from core.history import INFO, INVOKE, OK, MessageId, Op
 
 A, B = "persistent://public/default/t-in0", "persistent://public/default/t-out0"
 FINAL = 1_000_000

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import json
 
-from checkers import CHECKERS
+from checkers import REGISTRY
 from checkers.fencing import check
-from harness.history import MessageId, Op
+from core.history import MessageId, Op
 
 S = 1_000_000_000
 FINAL = 1_000_000
@@ -92,7 +92,7 @@ def js(r) -> dict:
 # ----------------------------------------------------------------------------------------- ownership
 
 def test_registered():
-    assert CHECKERS["fencing"] is check
+    assert REGISTRY["fencing"].check is check
 
 
 def test_clean_handover_is_valid_with_a_timeline():

@@ -11,7 +11,7 @@ import pytest
 
 from checkers.jepsen_format import EdnError, detect, parse_edn, read_edn, read_history, read_log
 from harness import cli
-from harness.history import HistoryError, Op, write_jsonl
+from core.history import HistoryError, Op, write_jsonl
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import random
 
-from checkers import CHECKERS
+from checkers import REGISTRY
 from checkers.linear import ANOMALY, check
 from checkers.models import ILLEGAL, UNKNOWN, get
-from harness.history import Op
+from core.history import Op
 
 
 class H:
@@ -49,7 +49,7 @@ def verdict(h: H, model: str, **opts) -> object:
 
 
 def test_registered_and_default_model():
-    assert CHECKERS["linear"] is check
+    assert REGISTRY["linear"].check is check
     h = H()
     h.op(0, "cas", [None, 1])
     h.op(0, "read", None, 1)

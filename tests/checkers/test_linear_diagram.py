@@ -6,7 +6,7 @@ import re
 
 from checkers.linear import ANOMALY, check
 from harness import lin_diagram, report
-from harness.history import Op, write_jsonl
+from core.history import Op, write_jsonl
 
 
 def invalid_history() -> list[Op]:

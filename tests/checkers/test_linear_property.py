@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from checkers import linear, models
-from harness.history import Op
+from core.history import Op
 
 NOPE = object()
 EXAMPLES = 500          # per model and mode: 6 models x 2 modes x 500 = 6,000 histories

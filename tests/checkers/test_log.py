@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from checkers import CHECKERS
+from checkers import REGISTRY
 from checkers.log import INVALID_BY_DEFAULT, check
-from harness.history import MessageId, Op
+from core.history import MessageId, Op
 
 MS = 1_000_000
 
@@ -89,7 +89,7 @@ def clean_history() -> H:
 # ------------------------------------------------------------------------------------ clean runs
 
 def test_registered():
-    assert CHECKERS["log"] is check
+    assert REGISTRY["log"].check is check
 
 
 def test_clean_history_is_valid():

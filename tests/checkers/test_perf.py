@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from checkers import CHECKERS
+from checkers import REGISTRY
 from checkers.perf import check
-from harness.history import Op
+from core.history import Op
 
 S = 1_000_000_000
 
@@ -47,7 +47,7 @@ def rows(r) -> dict[tuple[str, str], dict]:
 
 
 def test_registered():
-    assert CHECKERS["perf"] is check
+    assert REGISTRY["perf"].check is check
 
 
 def test_healthy_only_counts_latency_and_throughput():

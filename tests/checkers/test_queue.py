@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from checkers import CHECKERS
+from checkers import REGISTRY
 from checkers.queue import check
-from harness.history import MessageId, Op
+from core.history import MessageId, Op
 
 MS = 1_000_000
 
@@ -71,7 +71,7 @@ def clean() -> Q:
 
 
 def test_registered():
-    assert CHECKERS["queue"] is check
+    assert REGISTRY["queue"].check is check
 
 
 def test_clean_queue_is_valid_with_exact_stats():

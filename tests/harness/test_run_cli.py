@@ -9,9 +9,11 @@ import sys
 
 import pytest
 
-from harness import runner, store
-from harness.spec import SpecError
-from harness.spec import TestSpec as Spec
+from core import store
+from harness import runner
+from core.spec import SpecError
+from core.spec import TestSpec as Spec
+from harness.catalog import CATALOG
 
 EXE = os.path.join(os.path.dirname(sys.executable), "pulsar-chaos")
 
@@ -101,14 +103,14 @@ def test_flags_override_the_toml_and_only_flags_given(tmp_path):
 
 def test_test_toml_round_trips_to_the_same_resolved_spec(tmp_path):
     spec = Spec(test_name="rt", nemesis=["kill", "pause"], time_limit=12.5, rate=33.0, concurrency=4,
-                    bugs={"bookie.ack_before_fsync": True}, results_dir=str(tmp_path)).validate().resolved()
+                    bugs={"bookie.ack_before_fsync": True}, results_dir=str(tmp_path)).validate(catalog=CATALOG).resolved()
     assert spec.seed > 0
     run_dir = store.create_run_dir(tmp_path, spec.test_name)
     path = store.write_test_toml(run_dir, spec)
     again = runner.spec_from_args(path, {})
     assert again == spec
     assert again.resolved() == spec                  # the seed is fixed: re-running keeps it
-    assert store.load_spec(run_dir) == spec
+    assert store.load_spec(run_dir, catalog=CATALOG) == spec
     assert runner.spec_from_args(path, {"seed": 5}).seed == 5
 
 
@@ -120,7 +122,7 @@ def test_workload_options_from_flags_and_toml(tmp_path):
     run_dir = store.create_run_dir(tmp_path, "opt")
     again = runner.spec_from_args(store.write_test_toml(run_dir, s.resolved()), {})
     assert again.options == s.options and again.workload == "subscriptions"
-    from harness.spec import parse_options
+    from core.spec import parse_options
     assert parse_options(["dedup=true", "keys=3", "subscription=key_shared", 'name="x y"']) == {
         "dedup": True, "keys": 3, "subscription": "key_shared", "name": "x y"}
 

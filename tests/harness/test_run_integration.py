@@ -19,7 +19,7 @@ import pytest
 from clusters.deploy import hostnet
 from clusters.deploy.netns import short_id
 from clusters.deploy.spec import ROOT
-from harness import store
+from core import store
 
 pytestmark = pytest.mark.integration
 
@@ -151,7 +151,7 @@ def test_short_chaos_run_is_valid_and_complete(tmp_path):
         assert res["checkers"]["log"]["valid"] is True
         assert r["cluster_dir"] is None and not (ROOT / cluster).exists()   # a valid run's node data goes
         # test.toml is the resolved spec: re-running it replays the same seed
-        spec = store.load_spec(run_dir)
+        spec = store.load_spec(run_dir, catalog=None)
         assert spec.seed == r["seed"] and spec.time_limit == 15.0 and spec.nemesis == ["kill"]
 
         history = store.load_history(run_dir)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness import runner, store
-from harness.history import Journal, Op
-from harness.spec import TestSpec as Spec
+from core import store
+from harness import runner
+from core.history import Journal, Op
+from core.spec import TestSpec as Spec
 
 
 class _FakeCluster:

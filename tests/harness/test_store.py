@@ -8,8 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from harness import store
-from harness.history import CheckResult, HistoryError, Journal, MessageId, Op
+from core import store
+from core.history import CheckResult, HistoryError, Journal, MessageId, Op
 
 
 def _line(**d) -> str:

@@ -5,7 +5,7 @@ import itertools
 import json
 
 from harness.progress import JournalTail
-from harness.spec import TestSpec as Spec
+from core.spec import TestSpec as Spec
 from workloads import log
 
 
@@ -74,8 +74,14 @@ def test_journal_tail_counts_complete_lines(tmp_path):
 
 
 def test_checkers_resolve_lazily():
+    import subprocess
+    import sys
+    # importing a workload imports no checker module (workers never check)
+    probe = "import sys, workloads.log; print(sorted(m for m in sys.modules if m.startswith('checkers.')))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
     from checkers import log as log_checker
-    assert log.CHECKERS["log"] is log_checker.check
+    assert log.checkers(None)["log"][0] is log_checker.check
 
 
 class _FakeSession:
@@ -92,7 +98,7 @@ def test_run_thread_journals_pairs_and_retires_info_processes(tmp_path, monkeypa
     import threading
     import time
 
-    from harness.history import Journal, pairs, read_jsonl
+    from core.history import Journal, pairs, read_jsonl
     outcomes = iter(["ok", "fail", "info", "ok", "info", "ok"] + ["ok"] * 1000)
 
     def fake_send(session, topic, batched, value):

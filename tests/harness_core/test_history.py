@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from harness.history import (HistoryError, Journal, MessageId, Op, pairs, read_jsonl, write_jsonl)
+from core.history import (HistoryError, Journal, MessageId, Op, pairs, read_jsonl, write_jsonl)
 
 
 def test_journal_round_trip_and_monotonic_times(tmp_path):

@@ -20,9 +20,10 @@ import pulsar
 import pytest
 
 from clusters.deploy.backend import grudge_edges
-from harness.history import FAIL, INVOKE, OK, Journal, read_jsonl
+from core.history import FAIL, INVOKE, OK, Journal, read_jsonl
 from nemesis.base import NemesisContext
-from nemesis.combine import NemesisRunner, Scheduled, make
+from nemesis.combine import NemesisRunner, Scheduled
+from nemesis.registry import make
 from tests.netns import netns_cluster, pulsar_client
 
 pytestmark = pytest.mark.integration

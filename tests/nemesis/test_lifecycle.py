@@ -152,7 +152,7 @@ def test_disk_wipe_kills_wipes_and_records_the_restart():
 
 def test_the_runner_journals_lifecycle_faults(tmp_path):
     """Start and stop ops carry the nemeses' values through the journal (JSON) as they returned them."""
-    from harness.history import INVOKE, OK, Journal, read_jsonl
+    from core.history import INVOKE, OK, Journal, read_jsonl
     from nemesis.combine import NemesisRunner
     c = WipeableFake(brokers=2, bookies=3)
     journal = Journal(tmp_path / "nemesis.jsonl", time.monotonic_ns())

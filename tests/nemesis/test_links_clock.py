@@ -25,7 +25,7 @@ from clusters.deploy.netns import NetnsCluster
 from clusters.deploy.spec import ClusterSpec
 from nemesis.base import NemesisContext, NemesisError
 from nemesis.clock import ClockNemesis
-from nemesis.combine import make
+from nemesis.registry import make
 from nemesis.links import FlakyNemesis, SlowNemesis
 from tests.nemesis.fakes import FakeCluster
 from tests.netns import netns_cluster

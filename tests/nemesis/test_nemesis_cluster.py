@@ -15,7 +15,7 @@ import pulsar
 import pytest
 
 from clusters.deploy import procs
-from harness.history import INVOKE, OK, Journal, read_jsonl
+from core.history import INVOKE, OK, Journal, read_jsonl
 from nemesis.base import http_lookup
 from tests.netns import netns_cluster, owner_node
 from nemesis.combine import NemesisRunner

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.history import FAIL, OK
-from harness.store import load_history
+from core.history import FAIL, OK
+from core.store import load_history
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from harness.history import FAIL, INFO, INVOKE, OK, Journal, read_jsonl
+from core.history import FAIL, INFO, INVOKE, OK, Journal, read_jsonl
 from nemesis import grudge as shapes
 from nemesis.base import NemesisContext, NemesisError, lookup_url, normalize_topic
 from nemesis.combine import NemesisRunner

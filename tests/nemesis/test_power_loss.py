@@ -17,7 +17,7 @@ import pulsar
 import pytest
 
 from clusters.deploy import lazyfs, procs
-from harness.history import INVOKE, OK, Journal, read_jsonl
+from core.history import INVOKE, OK, Journal, read_jsonl
 from nemesis.base import NemesisError
 from nemesis.combine import NemesisRunner
 from nemesis.power import PowerLossNemesis

@@ -9,7 +9,8 @@ import pytest
 
 from clusters.deploy.backend import ClusterError, Unsupported
 from nemesis.base import NemesisContext, NemesisError
-from nemesis.combine import FaultNameError, make
+from nemesis.base import FaultNameError
+from nemesis.registry import make
 from nemesis.power import PowerLossNemesis
 from tests.nemesis.fakes import FakeCluster
 

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harness import store
-from harness.history import MessageId, Op
-from harness.spec import TestSpec
+from core import store
+from core.history import MessageId, Op
+from core.spec import TestSpec
 
 FINAL = 1_000_000
 
@@ -127,7 +127,7 @@ def write_run(results: Path, name: str, stamp: str, history: list[Op], **spec_kw
     d = results / name / stamp
     d.mkdir(parents=True)
     store.write_test_toml(d, spec)
-    from harness.history import write_jsonl
+    from core.history import write_jsonl
     write_jsonl(history, d / store.HISTORY_JSONL)
     store.write_parquet(history, d)
     checked = {n: fn(history, opts) for n, (fn, opts) in get(spec.workload).checkers(spec).items()
@@ -142,7 +142,7 @@ def write_run(results: Path, name: str, stamp: str, history: list[Op], **spec_kw
 def rerun_python(run_dir: Path) -> dict[str, Any]:
     """The Python checkers' results for a run folder, rerun with every anomaly kept (no cap)."""
     from workloads import get
-    spec = store.load_spec(run_dir)
+    spec = store.load_spec(run_dir, catalog=None)
     history = store.load_history(run_dir)
     out = {}
     for n, (fn, opts) in get(spec.workload).checkers(spec).items():

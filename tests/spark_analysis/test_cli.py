@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import store
+from core import store
 from tests.spark_analysis.helpers import write_run
 from tests.spark_analysis.test_inputs import small_history
 
@@ -67,10 +67,10 @@ def test_spark_submit_runs_the_module(results, tmp_path):
 
 def test_bad_input_is_one_line_without_traceback(tmp_path):
     cp = _cli(str(tmp_path / "missing"))
-    assert cp.returncode == 2 and cp.stderr.count("\n") == 1 and "no such results directory" in cp.stderr
+    assert cp.returncode == 254 and cp.stderr.count("\n") == 1 and "no such results directory" in cp.stderr
     assert "(fix: " in cp.stderr
     cp = _cli("--bogus")
-    assert cp.returncode == 2 and cp.stderr.startswith("error:") and "Traceback" not in cp.stderr
+    assert cp.returncode == 254 and cp.stderr.startswith("error:") and "Traceback" not in cp.stderr
 
 
 def test_missing_java_is_one_line(results, tmp_path):
@@ -83,5 +83,5 @@ def test_missing_java_is_one_line(results, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
     env["PATH"] = str(bindir)
     cp = _cli(str(results), "--out", str(tmp_path / "out"), env=env)
-    assert cp.returncode == 2, cp.stderr
+    assert cp.returncode == 254, cp.stderr
     assert cp.stderr.count("\n") == 1 and "Java 17+" in cp.stderr and "(fix: " in cp.stderr

@@ -10,7 +10,7 @@ from urllib.parse import unquote
 
 import pytest
 
-from harness import store
+from core import store
 from spark_analysis import inputs
 from spark_analysis import main as analysis
 from spark_analysis import session as spark_session

@@ -9,13 +9,14 @@ import uuid
 from pathlib import Path
 
 from harness import runner
-from harness.spec import TestSpec as Spec
+from core.spec import TestSpec as Spec
+from harness.catalog import CATALOG
 
 
 def run(tmp_path: Path, prefix: str = "wl", **kw) -> tuple[int, dict, str, Path]:
     """(exit code, results.json, the runner's output, the run folder); `kw` are TestSpec fields."""
     kw = {"settle": 2.0, "final_read_timeout": 30.0, **kw}
-    spec = Spec(test_name=f"{prefix}-{uuid.uuid4().hex[:6]}", results_dir=str(tmp_path), **kw).validate().resolved()
+    spec = Spec(test_name=f"{prefix}-{uuid.uuid4().hex[:6]}", results_dir=str(tmp_path), **kw).validate(catalog=CATALOG).resolved()
     out = io.StringIO()
     code = runner.run(spec, out)
     run_dir = next((Path(tmp_path) / spec.test_name).glob("2*"))

@@ -14,17 +14,18 @@ from pathlib import Path
 import pytest
 
 import workloads
-from harness.history import INVOKE, OK, Journal, read_jsonl
-from harness.spec import SpecError
-from harness.spec import TestSpec as Spec
+from core.history import INVOKE, OK, Journal, read_jsonl
+from core.spec import SpecError
+from core.spec import TestSpec as Spec
 from workloads import exactly_once as eo
 from workloads.base import Context
 from tests.workloads import runs
+from harness.catalog import CATALOG
 
 
 def spec(**kw) -> Spec:
     kw.setdefault("workload", "exactly-once")
-    return Spec(**kw).validate()
+    return Spec(**kw).validate(catalog=CATALOG)
 
 
 # ------------------------------------------------------------------------------------ the plan

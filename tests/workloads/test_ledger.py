@@ -12,20 +12,21 @@ from pathlib import Path
 import pytest
 
 from checkers import fencing
-from harness.history import Journal
-from harness.spec import TestSpec as Spec
-from harness.store import merge_journals
+from core.history import Journal
+from core.spec import TestSpec as Spec
+from core.store import merge_journals
 from tests.bookie.cluster import bookies  # noqa: F401  (fixture)
 from workloads import base, ledger
 from workloads.base import Context
 from tests.workloads import runs
+from harness.catalog import CATALOG
 
 
 def spec(**kw) -> Spec:
     d = dict(workload="ledger", test_name="lt", seed=7, concurrency=4, rate=100.0, time_limit=6.0,
              nemesis=[], final_read_timeout=30.0)
     d.update(kw)
-    return Spec(**d).validate()
+    return Spec(**d).validate(catalog=CATALOG)
 
 
 # ------------------------------------------------------------------------------------ the plan
@@ -51,7 +52,7 @@ def test_plan_is_seeded_unique_and_paced():
 
 
 def test_options_are_validated():
-    from harness.spec import SpecError
+    from core.spec import SpecError
     with pytest.raises(SpecError, match="recover_interval must be a number"):
         spec(options={"recover_interval": "soon"})
     with pytest.raises(SpecError, match="no option 'nope'"):
@@ -61,11 +62,11 @@ def test_options_are_validated():
 
 def test_checkers_are_fencing_and_perf_with_add_as_the_write():
     got = ledger.checkers(spec())
-    from checkers import CHECKERS
-    if "perf" in CHECKERS:
+    from checkers import REGISTRY
+    if "perf" in REGISTRY:
         assert got["perf"][1] == {"write_fs": ("add",)}
-    if "fencing" in CHECKERS:
-        assert got["fencing"][0] is CHECKERS["fencing"]
+    if "fencing" in REGISTRY:
+        assert got["fencing"][0] is REGISTRY["fencing"].check
     assert set(got) <= {"fencing", "perf"}
 
 

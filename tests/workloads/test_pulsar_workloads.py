@@ -7,9 +7,10 @@ import itertools
 import pytest
 
 import workloads
-from harness.spec import SpecError
-from harness.spec import TestSpec as Spec
+from core.spec import SpecError
+from core.spec import TestSpec as Spec
 from workloads import queue, subscriptions
+from harness.catalog import CATALOG
 
 TOPICS = ["persistent://public/default/t-0", "persistent://public/default/t-1"]
 
@@ -26,7 +27,7 @@ def test_registry_lists_every_workload_and_each_has_the_interface():
 
 @pytest.mark.parametrize("concurrency, consumers", [(2, 1), (3, 2), (6, 2), (12, 4)])
 def test_queue_has_competing_consumers(concurrency, consumers):
-    spec = Spec(workload="queue", concurrency=concurrency).validate()
+    spec = Spec(workload="queue", concurrency=concurrency).validate(catalog=CATALOG)
     ts = queue.threads(spec)
     assert len(ts) == concurrency
     assert sum(t.role == "dequeue" for t in ts) == consumers
@@ -35,7 +36,7 @@ def test_queue_has_competing_consumers(concurrency, consumers):
 
 
 def test_queue_consumers_option_and_dedup_checker_opts():
-    spec = Spec(workload="queue", concurrency=8, options={"consumers": 5, "dedup": True}).validate()
+    spec = Spec(workload="queue", concurrency=8, options={"consumers": 5, "dedup": True}).validate(catalog=CATALOG)
     assert sum(t.role == "dequeue" for t in queue.threads(spec)) == 5
     opts = {n: o for n, (_, o) in queue.checkers(spec).items()}
     if "queue" in opts:
@@ -43,20 +44,20 @@ def test_queue_consumers_option_and_dedup_checker_opts():
 
 
 def test_queue_generator_is_seeded_and_values_unique():
-    spec = Spec(workload="queue", concurrency=6, seed=4).validate()
+    spec = Spec(workload="queue", concurrency=6, seed=4).validate(catalog=CATALOG)
     producers = [t for t in queue.threads(spec) if t.role == "enqueue"]
     values = [p.value for t in producers for p in itertools.islice(queue.generator(spec, t, TOPICS), 200)]
     assert len(values) == len(set(values))
     again = [p.value for t in producers for p in itertools.islice(queue.generator(spec, t, TOPICS), 200)]
     assert values == again
-    other = Spec(workload="queue", concurrency=6, seed=5).validate()
+    other = Spec(workload="queue", concurrency=6, seed=5).validate(catalog=CATALOG)
     assert [p.key for p in itertools.islice(queue.generator(other, producers[0], TOPICS), 50)] != \
         [p.key for p in itertools.islice(queue.generator(spec, producers[0], TOPICS), 50)]
 
 
 def test_subscriptions_keys_and_consumer_share():
-    ks = Spec(workload="subscriptions", concurrency=6, options={"subscription": "key_shared", "keys": 3}).validate()
-    fo = Spec(workload="subscriptions", concurrency=6).validate()
+    ks = Spec(workload="subscriptions", concurrency=6, options={"subscription": "key_shared", "keys": 3}).validate(catalog=CATALOG)
+    fo = Spec(workload="subscriptions", concurrency=6).validate(catalog=CATALOG)
     assert {subscriptions.message_key(ks, v) for v in range(100)} == {"k0", "k1", "k2"}
     assert subscriptions.message_key(fo, 7) is None                  # Failover sends unkeyed
     for spec in (ks, fo):
@@ -65,15 +66,15 @@ def test_subscriptions_keys_and_consumer_share():
 
 
 def test_subscriptions_checkers_follow_the_subscription_type():
-    from checkers import CHECKERS
+    from checkers import REGISTRY
     for sub, typ in (("failover", "Failover"), ("key_shared", "Key_Shared")):
-        spec = Spec(workload="subscriptions", options={"subscription": sub}).validate()
+        spec = Spec(workload="subscriptions", options={"subscription": sub}).validate(catalog=CATALOG)
         got = subscriptions.checkers(spec)
-        assert "log" in got and got["log"][0] is CHECKERS["log"]
+        assert "log" in got and got["log"][0] is REGISTRY["log"].check
         assert got["log"][1]["subscription_type"] == typ
 
 
 def test_bad_choice_is_a_spec_error():
     with pytest.raises(SpecError) as e:
-        Spec(workload="subscriptions", options={"subscription": "exclusive"}).validate()
+        Spec(workload="subscriptions", options={"subscription": "exclusive"}).validate(catalog=CATALOG)
     assert "failover, key_shared" in str(e.value)

@@ -12,19 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from harness.history import FAIL, OK, Journal
-from harness.spec import TestSpec as Spec
-from harness.store import merge_journals
+from core.history import FAIL, OK, Journal
+from core.spec import TestSpec as Spec
+from core.store import merge_journals
 from workloads import base, register
 from workloads.base import Context
 from tests.workloads import runs
+from harness.catalog import CATALOG
 
 
 def spec(**kw) -> Spec:
     d = dict(workload="register", test_name="rt", seed=11, concurrency=6, rate=200.0, time_limit=5.0,
              topics=2, nemesis=[], final_read_timeout=20.0)
     d.update(kw)
-    return Spec(**d).validate()
+    return Spec(**d).validate(catalog=CATALOG)
 
 
 def linear(history, **opts):
@@ -57,7 +58,7 @@ def test_plan_is_jepsens_mix_on_small_values():
 
 
 def test_options_and_values():
-    from harness.spec import SpecError
+    from core.spec import SpecError
     with pytest.raises(SpecError, match="cas must be one of versioned, unsafe"):
         spec(options={"cas": "sloppy"})
     with pytest.raises(SpecError, match="sync_reads must be true or false"):
@@ -66,12 +67,12 @@ def test_options_and_values():
 
 
 def test_checkers_are_linear_cas_register_and_perf():
-    from checkers import CHECKERS
+    from checkers import REGISTRY
     got = register.checkers(spec())
     assert set(got) <= {"linear", "perf"}
-    if "linear" in CHECKERS:
+    if "linear" in REGISTRY:
         assert got["linear"][1]["model"] == "cas-register"
-    if "perf" in CHECKERS:
+    if "perf" in REGISTRY:
         assert got["perf"][1] == {"write_fs": ("write", "cas")}
 
 

@@ -1,0 +1,47 @@
+"""What a test spec's names are checked against, read from the registries: workloads, faults, bug
+knobs, deployment backends and cluster shapes (`core.spec.Catalog`, built here at the top)."""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+class RegistryCatalog:
+    """`core.spec.Catalog` over the live registries (plugins included: it reads them at each call)."""
+
+    def workload_names(self) -> Sequence[str]:
+        import workloads
+        return workloads.available()
+
+    def workload_options(self, workload: str) -> tuple[Mapping[str, tuple[Any, str]], Mapping[str, Sequence[Any]]]:
+        import workloads
+        mod = workloads.get(workload)
+        return mod.OPTIONS, getattr(mod, "CHOICES", {})
+
+    def fault_problem(self, name: Any) -> tuple[str, str] | None:
+        from nemesis.base import FaultNameError
+        from nemesis.registry import make
+        try:
+            make(name)
+        except FaultNameError as e:
+            return (e.problem, e.fix)
+        return None
+
+    def fault_takes_grudge(self, name: str) -> bool:
+        from nemesis.registry import takes_grudge
+        return takes_grudge(name)
+
+    def bug_knob_names(self) -> Sequence[str]:
+        from clusters import bugs
+        return tuple(bugs.KNOBS)
+
+    def backend_names(self) -> Sequence[str]:
+        return ("netns", "docker")          # TODO(merge): the deploy backend registry
+
+    def cluster_problem(self, zookeepers: int, bookies: int, ensemble: int, write_quorum: int,
+                        ack_quorum: int) -> tuple[str, str, str] | None:
+        from clusters.deploy.spec import shape_problem
+        return shape_problem(zookeepers, bookies, ensemble, write_quorum, ack_quorum)
+
+
+CATALOG = RegistryCatalog()
