@@ -1,24 +1,37 @@
 """The reference system's bug knobs: ordinary, documented options that restore a known unsafe behaviour.
 
 They exist so that a test can prove the harness catches the bug; all are off (safe) by default.
+A new one is one entry here, read with `value(cfg.bugs, key)` where the behaviour lives
+(docs/extending.md).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
-# key -> (safe default, what turning it to the unsafe value does)
-KNOBS: dict[str, tuple[Any, str]] = {
-    "bookie.ack_before_fsync": (
+
+class Knob(NamedTuple):
+    """A bug knob's declaration: its safe default, and what turning it to the unsafe value does."""
+    default: Any
+    help: str
+
+
+KNOBS: dict[str, Knob] = {
+    "bookie.ack_before_fsync": Knob(
         False, "bookie acknowledges an add once the journal write is issued, before fsync "
                "(BookKeeper's journalSyncData=false): power loss can lose acknowledged entries"),
-    "bookie.ignore_fence": (
+    "bookie.ignore_fence": Knob(
         False, "bookie keeps accepting normal adds on a ledger it has fenced (it still records the "
                "fence and answers fencing reads), so a writer whose ledger was recovered and closed "
                "by another client keeps getting adds acknowledged beyond the closed end"),
-    "broker.recovery_fencing": (
+    "broker.recovery_fencing": Knob(
         True, "when false, a broker taking over a topic closes the previous owner's ledger in "
               "metadata without fencing it on the bookies, so the old owner can keep getting "
               "adds acknowledged that nobody will ever read"),
+    "broker.dedup_pushed_only": Knob(
+        False, "deduplication compares a message against the highest sequence id *pushed* to the ledger "
+               "and keeps it after a failed write (Pulsar before apache/pulsar#5243, the bug of #5218), so "
+               "a producer's resend of a message whose write failed is acknowledged as a duplicate and "
+               "never stored"),
 }
 
 
@@ -61,4 +74,4 @@ def value(bugs: dict[str, Any] | None, key: str) -> Any:
         raise UnknownBugKnob(key)
     if bugs and key in bugs:
         return bugs[key]
-    return KNOBS[key][0]
+    return KNOBS[key].default

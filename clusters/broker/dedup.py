@@ -9,7 +9,9 @@ A message whose sequence id is <= `pushed[producer]` is not written again: if it
 <= `persisted[producer]` it is a duplicate (Dup: answered at once with message id (-1, -1)); otherwise
 its original is still in flight and nobody knows yet whether it will persist (Unknown: a SendError,
 after which the client reconnects and resends). After a failed add, `pushed` falls back to
-`persisted` (Pulsar's resetHighestSequenceIdPushed), so the retried message is written.
+`persisted` (Pulsar's resetHighestSequenceIdPushed), so the retried message is written. The bug knob
+`broker.dedup_pushed_only` restores what Pulsar did before that fix (apache/pulsar#5218): any
+sequence id <= `pushed` is a duplicate, and `pushed` stays where it was after a failed add.
 
 The state survives an ownership change: every `interval` persisted entries (Pulsar's
 brokerDeduplicationEntriesInterval, 1000) the `persisted` map is snapshotted with the position of
@@ -129,8 +131,10 @@ class MessageDeduplication:
     """The deduplication state of one topic over its managed ledger `ml`."""
 
     def __init__(self, topic: str, ml: Any, snapshots: Any, *, interval: int = SNAPSHOT_INTERVAL,
-                 interval_s: float = SNAPSHOT_INTERVAL_S, max_producers: int = MAX_PRODUCERS):
+                 interval_s: float = SNAPSHOT_INTERVAL_S, max_producers: int = MAX_PRODUCERS,
+                 pushed_only: bool = False):
         self.topic = topic
+        self.pushed_only = pushed_only      # the bug knob broker.dedup_pushed_only
         self.ml = ml
         self.snapshots = snapshots
         self.interval = max(1, interval)
@@ -245,7 +249,7 @@ class MessageDeduplication:
         last = self.pushed.get(producer)
         if last is not None and sequence_id <= last:
             persisted = self.persisted.get(producer)
-            if persisted is not None and sequence_id <= persisted:
+            if self.pushed_only or (persisted is not None and sequence_id <= persisted):
                 self.duplicates += 1
                 return DUP
             return UNKNOWN
@@ -271,7 +275,7 @@ class MessageDeduplication:
 
     def reset_pushed(self) -> None:
         """After a failed add: what was pushed but not persisted may be resent and must be written."""
-        if self.status == ENABLED:
+        if self.status == ENABLED and not self.pushed_only:
             self.pushed = dict(self.persisted)
 
     def last_sequence_id(self, producer: str) -> int:

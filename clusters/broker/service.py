@@ -10,7 +10,7 @@ import logging
 import time
 from typing import Any
 
-from clusters import metrics
+from clusters import bugs, metrics
 from clusters.bookkeeper.client import BookKeeper
 from clusters.broker import partitions as parts
 from clusters.broker.dedup import MessageDeduplication, ZkSnapshots
@@ -151,7 +151,8 @@ class BrokerService:
         except Exception as e:  # ZooKeeper unreachable, etc.: the client retries
             raise ServiceUnitNotReady(f"Failed to load topic {topic}: {e}") from e
         t = Topic(topic, ml, self)
-        t.dedup = MessageDeduplication(topic, ml, ZkSnapshots(self.store, ml_name(topic)))
+        t.dedup = MessageDeduplication(topic, ml, ZkSnapshots(self.store, ml_name(topic)),
+                                       pushed_only=bool(bugs.value(self.config.bugs, "broker.dedup_pushed_only")))
         try:
             # before any producer attaches: rebuild the sequence ids from the snapshot and the
             # entries after it (the state the previous owner had), or drop a stale dedup cursor

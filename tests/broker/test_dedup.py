@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from checkers.log import check as log_check
+from clusters import bugs as bug_knobs
 from clusters.broker.dedup import (DEDUP_CURSOR, DISABLED, ENABLED, MemorySnapshots,
                                    MessageDeduplication)
 from clusters.broker.managed_ledger import Position
 from clusters.broker.topic import Topic
 from clusters.protocol import PulsarApi_pb2 as pb
 from clusters.protocol import frames
+from core.history import INVOKE, OK, Op
 from tests.broker.helpers import FakeCnx, run
 from tests.broker.memory import MemoryManagedLedger, MemoryStorage
 
@@ -50,10 +55,11 @@ async def settle(topic: Topic) -> None:
 
 
 async def open_topic(storage: MemoryStorage, saved: dict, *, enabled: bool = True,
-                     interval: int = 1000) -> tuple[Topic, MemoryManagedLedger]:
+                     interval: int = 1000, bugs: dict | None = None) -> tuple[Topic, MemoryManagedLedger]:
     ml = MemoryManagedLedger("public/default/persistent/dedup", storage)
     t = Topic(T, ml, None)
-    t.dedup = MessageDeduplication(T, ml, MemorySnapshots(saved), interval=interval)
+    pushed_only = bool(bug_knobs.value(bugs, "broker.dedup_pushed_only"))    # as the broker service reads it
+    t.dedup = MessageDeduplication(T, ml, MemorySnapshots(saved), interval=interval, pushed_only=pushed_only)
     await t.dedup.apply(enabled)
     return t, ml
 
@@ -137,6 +143,52 @@ def test_failed_write_is_not_mistaken_for_a_duplicate():
         assert cnx.out[2][0] == "receipt" and cnx.out[2][2].ledger_id >= 0
         assert entries(ml) == [0, 1]
     run(go())
+
+
+def _resend_after_a_failed_write(bugs: dict | None) -> tuple[Cnx, MemoryManagedLedger]:
+    """A producer sends 0, its write of 1 fails, and it resends 1 (as the client does)."""
+    async def go():
+        t, ml = await open_topic(MemoryStorage(), {}, bugs=bugs)
+        cnx = Cnx()
+        p = await t.add_producer(cnx, 1, "prod")
+        send(t, p, 0)
+        await settle(t)
+        ml.fail_adds = 1
+        send(t, p, 1)
+        await settle(t)
+        send(t, p, 1)
+        await settle(t)
+        return cnx, ml
+    return run(go())
+
+
+def _history(cnx: Cnx, ml: MemoryManagedLedger) -> list[Op]:
+    """What a client would record: each acknowledged send (the receipt's sequence id is the value),
+    then a final read of the topic's entries."""
+    ops: list[Op] = []
+    for kind, seq, *rest in cnx.out:
+        if kind == "receipt":
+            ops += [Op(0, INVOKE, "send", T, seq), Op(0, OK, "send", T, seq)]
+    read = [{"value": seq, "message_id": {"ledger_id": 0, "entry_id": i}} for i, seq in enumerate(entries(ml))]
+    ops += [Op(1, INVOKE, "read", T), Op(1, OK, "read", T, read)]
+    for i, op in enumerate(ops):
+        op.index, op.time_ns = i, i * 1_000_000
+    return ops
+
+
+@pytest.mark.parametrize("knob", [False, True])
+def test_bug_knob_dedup_pushed_only_loses_a_resend_and_the_log_checker_says_so(knob):
+    """broker.dedup_pushed_only (apache/pulsar#5218): the resend of a message whose write failed is
+    acknowledged as a duplicate (-1, -1) and never stored; the log checker reports it lost. Off, the
+    same scenario stores it and the checker finds nothing."""
+    cnx, ml = _resend_after_a_failed_write({"broker.dedup_pushed_only": True} if knob else None)
+    r = log_check(_history(cnx, ml))
+    if knob:
+        assert cnx.out[-1] == ("receipt", 1, Position(-1, -1)) and entries(ml) == [0]
+        assert r.valid is False and [a["value"] for a in r.anomalies["lost"]] == [1]
+    else:
+        assert cnx.out[-1][0] == "receipt" and cnx.out[-1][2].ledger_id >= 0 and entries(ml) == [0, 1]
+        assert r.valid is True and not r.anomalies
 
 
 def test_failed_write_fences_publishing_until_the_adds_in_flight_complete():
