@@ -267,7 +267,7 @@ class StateFileCluster(StateInventory, Cluster):
         for n in entries:
             node = self._node_of(n, seen[n["name"]])
             d = node.to_json()
-            d[self.host_key] = n[self.host_key]
+            d[self.host_key] = n[self.host_key]       # by its own name too: "container" on docker
             d["state"] = "paused" if node.paused else "running" if node.alive else seen[n["name"]].word
             nodes.append(d)
         pulsar = self._addresses("broker", "pulsar", state)
