@@ -36,7 +36,8 @@ class RegistryCatalog:
         return tuple(bugs.KNOBS)
 
     def backend_names(self) -> Sequence[str]:
-        return ("netns", "docker")          # TODO(merge): the deploy backend registry
+        from clusters.deploy.backends import BACKENDS
+        return tuple(BACKENDS)
 
     def cluster_problem(self, zookeepers: int, bookies: int, ensemble: int, write_quorum: int,
                         ack_quorum: int) -> tuple[str, str, str] | None:

@@ -125,9 +125,10 @@ def _demo(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------ cluster
 
 def _name_arg(p: argparse.ArgumentParser) -> None:
+    from clusters.deploy.backends import BACKENDS, DEFAULT
     p.add_argument("--name", default=None, help="cluster name (default: 'default')")
-    p.add_argument("--backend", choices=("netns", "docker"), default="netns",
-                   help="network namespaces (default) or docker containers (`make setup BACKEND=docker`)")
+    p.add_argument("--backend", choices=list(BACKENDS), default=DEFAULT,
+                   help="; ".join(f"{e.name}: {e.help}" for e in BACKENDS.values()))
 
 
 def _node_arg(p: argparse.ArgumentParser) -> None:
@@ -143,28 +144,20 @@ def _name_flag(name: str) -> str:
     return "" if name == "default" else f" --name {name}"
 
 
-def _backend_module(backend: str):
-    """The deploy module of a backend name (netns or docker)."""
-    if backend == "docker":
-        from clusters.deploy import docker
-        return docker
-    from clusters.deploy import netns
-    return netns
-
-
 def _cluster_class(backend: str):
-    mod = _backend_module(backend)
-    return mod.DockerCluster if backend == "docker" else mod.NetnsCluster
+    from clusters.deploy import backends
+    return backends.get(backend).cluster_class()
 
 
 def _attach_up(args: argparse.Namespace):
-    """The named cluster, which must be up."""
-    _present = _backend_module(args.backend)._present
+    """The named cluster, which must be up (root checked first: every caller changes the cluster)."""
+    cls = _cluster_class(args.backend)
+    cls.require()
     name = _cluster_name(args)
-    cluster = _cluster_class(args.backend).attach(name)
-    state = cluster._state()
-    if state["status"] not in ("up", "starting") or not _present(state):
-        raise UserError(f"cluster {name!r} is not up (status: {state['status']})",
+    cluster = cls.attach(name)
+    status = cluster.state_status()
+    if status not in ("up", "starting"):
+        raise UserError(f"cluster {name!r} is not up (status: {status})",
                         f"start it with `pulsar-chaos cluster up{_name_flag(name)} --backend {args.backend}`")
     return cluster
 
@@ -224,12 +217,10 @@ def _cluster_status(args: argparse.Namespace) -> int:
     return 0
 
 
-@cluster_command("list", "list the clusters known on this host")
+@cluster_command("list", "list the clusters of every backend known on this host")
 def _cluster_list(args: argparse.Namespace) -> int:
-    from clusters.deploy.netns import _all_states, _present
-    rows = [{"name": s["name"], "status": s["status"] if s["status"] == "down" or _present(s) else "gone",
-             "subnet": s.get("subnet"), "base_dir": s.get("base_dir")} for s in _all_states()]
-    print_json(rows)
+    from clusters.deploy.backends import list_clusters
+    print_json(list_clusters())
     return 0
 
 
@@ -242,16 +233,10 @@ def _down_args(p: argparse.ArgumentParser) -> None:
 
 @cluster_command("down", "stop the cluster and remove its namespaces and links (logs and data stay)", _down_args)
 def _cluster_down(args: argparse.Namespace) -> int:
-    from clusters.deploy import netns
-    netns.require_root()
-    if args.force and args.backend == "docker":      # every container and network labelled ours
-        from clusters.deploy.docker import DockerCluster
-        print_json(DockerCluster.cleanup_all(force=True, names=[args.name] if args.name else None))
-        return 0
-    if args.force:
-        report = netns.NetnsCluster.cleanup_all(force=True, names=[args.name] if args.name else None)
+    if args.force:                   # everything of this backend marked ours (only --name's if given)
+        report = _cluster_class(args.backend).cleanup_all(force=True, names=[args.name] if args.name else None)
         print_json(report)
-        left = sorted(p for pids in report["left_running"].values() for p in pids)
+        left = sorted(p for pids in report.get("left_running", {}).values() for p in pids)
         if left:
             print(f"warning: processes not recorded by pulsar-chaos were running in the removed namespaces "
                   f"and were left alone: {' '.join(map(str, left))} (fix: check them with `ps -p PID` "
@@ -266,8 +251,6 @@ def _cluster_down(args: argparse.Namespace) -> int:
 def _node_action(verb: str, help: str) -> None:
     @cluster_command(verb, help, _node_arg)
     def _run(args: argparse.Namespace) -> int:
-        from clusters.deploy import netns
-        netns.require_root()
         cluster = _attach_up(args)
         getattr(cluster, verb)(args.node)
         node = cluster.node(args.node)
@@ -292,9 +275,7 @@ def _partition_args(p: argparse.ArgumentParser) -> None:
 @cluster_command("partition", "cut the network between groups of nodes (adds to partitions in force)",
                  _partition_args)
 def _cluster_partition(args: argparse.Namespace) -> int:
-    from clusters.deploy import netns
     from clusters.deploy.backend import partition_groups
-    netns.require_root()
     groups = [[n for n in g.split(",") if n] for g in args.groups]
     if len([g for g in groups if g]) < 2:
         raise UserError("a partition needs at least two groups", "e.g. `cluster partition broker-1 broker-2,zk-1`")
@@ -306,8 +287,6 @@ def _cluster_partition(args: argparse.Namespace) -> int:
 
 @cluster_command("heal", "remove every partition and flaky link", _name_arg)
 def _cluster_heal(args: argparse.Namespace) -> int:
-    from clusters.deploy import netns
-    netns.require_root()
     _attach_up(args).heal()
     print("healed")
     return 0

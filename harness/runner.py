@@ -72,19 +72,8 @@ def spec_from_args(spec_path: str | Path | None, overrides: dict[str, Any]) -> T
 
 def preflight(spec: TestSpec) -> None:
     """Prerequisites of the backend (root, iproute2, iptables, ZooKeeper); ClusterError if missing."""
-    from clusters import zookeeper
-    from clusters.deploy import netns
-    from clusters.deploy.backend import ClusterError
-    if spec.backend == "docker":             # root, docker, a running engine, the node image
-        from clusters.deploy import docker
-        return docker.preflight()
-    netns.require_root()
-    netns.require_tools()
-    try:
-        zookeeper.classpath()
-        zookeeper.java_binary()
-    except zookeeper.ZooKeeperMissing as e:
-        raise ClusterError(str(e)) from None
+    from clusters.deploy import backends
+    backends.get(spec.backend).preflight()
 
 
 def run(spec: TestSpec, out: TextIO = sys.stdout) -> int:
@@ -175,7 +164,7 @@ class Run:
         self.errors.append(text)
 
     def _deploy(self) -> None:
-        from clusters.deploy.netns import NetnsCluster
+        from clusters.deploy import backends
         from clusters.deploy.spec import ClusterSpec
         spec = self.spec
         cspec = ClusterSpec(name=self.cluster_name, brokers=spec.brokers, bookies=spec.bookies,
@@ -186,11 +175,7 @@ class Run:
         faults = [*spec.nemesis, *(e["name"] for e in spec.nemesis_schedule)]
         for field_name, roles in deployment_needs(faults).items():
             setattr(cspec, field_name, roles)
-        if spec.backend == "docker":         # its client container sees the run folder at the same path
-            from clusters.deploy.docker import DockerCluster
-            self.cluster = DockerCluster(cspec, mounts=[self.run_dir.resolve()])
-        else:
-            self.cluster = NetnsCluster(cspec)
+        self.cluster = backends.get(spec.backend).cluster_class().for_run(cspec, self.run_dir.resolve())
         # the name first, so that a runner killed while deploying leaves a way to clean up
         store.write_json(self.run_dir / store.CLUSTER_JSON, {"name": self.cluster_name, "backend": spec.backend,
                                                              "base_dir": str(cspec.base_dir), "nodes": []})

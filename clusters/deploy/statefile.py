@@ -125,8 +125,8 @@ class StateInventory:
             raise ClusterError(f"no node named {name!r}", "use one of: " + ", ".join(state["nodes"]))
         return state["nodes"][name]
 
-    def _addresses(self, role: str, port_name: str) -> list[str]:
-        state = self._state()
+    def _addresses(self, role: str, port_name: str, state: dict[str, Any] | None = None) -> list[str]:
+        state = state or self._state()
         return [f"{n['host']}:{n['ports'][port_name]}" for n in state["nodes"].values() if n["role"] == role]
 
     @property
