@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from clusters.deploy.backend import ClusterError
-
-if TYPE_CHECKING:
-    from clusters.deploy.lifecycle import StateFileCluster
 
 DEFAULT = "netns"
 
@@ -24,7 +21,9 @@ class BackendEntry:
     cluster: str        # "module:Class"
     help: str
 
-    def cluster_class(self) -> type[StateFileCluster]:
+    def cluster_class(self) -> type[Any]:
+        """The backend's `clusters.deploy.lifecycle.StateFileCluster` subclass (lifecycle.py reads this
+        table, so it is not imported here, even for typing)."""
         module, _, attr = self.cluster.partition(":")
         return getattr(importlib.import_module(module), attr)
 

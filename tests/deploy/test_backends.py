@@ -112,7 +112,7 @@ def test_a_backend_that_cannot_look_lists_its_clusters_as_unknown(roots, capsys,
 def test_cli_backends_come_from_the_registry(roots, capsys, monkeypatch):
     with pytest.raises(SystemExit) as ex:
         cli.main(["cluster", "status", "--backend", "fake"])
-    assert ex.value.code == 2 and "invalid choice: 'fake'" in capsys.readouterr().err
+    assert ex.value.code == 254 and "invalid choice: 'fake'" in capsys.readouterr().err
     monkeypatch.setitem(backends.BACKENDS, "fake",
                         backends.BackendEntry("fake", f"{__name__}:FakeCluster", "a backend of this test"))
     root = roots / "fake"
