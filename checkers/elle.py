@@ -66,8 +66,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from checkers.log import _jsonable, _mid, _mid_json, _norm, _pk, _unpack, gc_paused, op_names
-from core.history import INFO, INVOKE, NEMESIS_PROCESS, OK, CheckResult, MessageId, Op
+from checkers.toolkit import (OpRefs, gc_paused, jsonable, mid_json, mid_tuple, norm_value, op_names,
+                              partition_of, position_key, unpack_position)
+from core.history import INFO, INVOKE, NEMESIS_PROCESS, OK, CheckResult, Op
 
 # edge kinds, as bits (Elle's BitRels: ww 1, wr 2, rw 4, process 0x40, realtime 0x80; here the
 # realtime relation is three kinds of edges around the time nodes)
@@ -132,7 +133,9 @@ def check(history: list[Op], opts: dict[str, Any] | None = None) -> CheckResult:
     return r
 
 
-class _Graph:
+class _Graph(OpRefs):
+    ref_key = True                   # a cycle's ops span topics: each reference names its own
+
     def __init__(self, history: list[Op], opts: dict[str, Any]):
         self.h = history
         self.o = opts
@@ -151,7 +154,6 @@ class _Graph:
         self.idx: dict[tuple[str, int], dict[Any, int]] = {}
         self.order_source: dict[str, str] = {}
         self.reused = 0
-        self._index_of: dict[int, int] | None = None
         self.budget = [0]
 
     # ---------------------------------------------------------------------------------- building
@@ -203,7 +205,7 @@ class _Graph:
                 adj_add(lst)
                 v = inv.value if inv is not None else op.value
                 if type(v) is not int:
-                    v = _norm(v)
+                    v = norm_value(v)
                 w = writer.get(op.key)
                 if w is None:
                     w = writer[op.key] = {}
@@ -258,7 +260,7 @@ class _Graph:
         for p, (inv, att) in open_.items():
             if inv.f not in send_fs:
                 continue
-            v = inv.value if type(inv.value) is int else _norm(inv.value)
+            v = inv.value if type(inv.value) is int else norm_value(inv.value)
             w = writer.setdefault(inv.key, {})
             if v in w:
                 continue
@@ -294,12 +296,11 @@ class _Graph:
                     if type(m) is dict:
                         v = m.get("value")
                         if type(v) is not int:
-                            v = _norm(v)
+                            v = norm_value(v)
                         d = m.get("message_id")
-                        part = (d.get("partition", -1) if type(d) is dict else (_mid(d) or (0, 0, -1))[2]
-                                ) if d is not None else -1
+                        part = partition_of(d)
                     else:
-                        v, part = _norm(m), -1
+                        v, part = norm_value(m), -1
                     if v is None:
                         continue
                     self._place(topic, part, v)
@@ -309,18 +310,18 @@ class _Graph:
             for v, n in self.writer.get(topic, {}).items():      # acknowledged positions first
                 op = self.op[n]
                 if op.type == OK and op.message_id is not None:
-                    pk = _pk(op.message_id)
+                    pk = position_key(op.message_id)
                     if pk is not None:
-                        at.setdefault(pk, (v, _part_of(op.message_id)))
+                        at.setdefault(pk, (v, partition_of(op.message_id)))
             for n in by_topic.get(topic, ()):
                 for m in self._messages(self.op[n]):
                     if type(m) is not dict or m.get("message_id") is None:
                         continue
-                    pk = _pk(m["message_id"])
+                    pk = position_key(m["message_id"])
                     v = m.get("value")
                     if pk is not None and v is not None and pk not in at:
-                        at[pk] = (v if type(v) is int else _norm(v), (_mid(m["message_id"]) or (0, 0, -1))[2])
-            for pk in sorted(at, key=_unpack):
+                        at[pk] = (v if type(v) is int else norm_value(v), partition_of(m["message_id"]))
+            for pk in sorted(at, key=unpack_position):
                 v, part = at[pk]
                 self._place(topic, part, v)
 
@@ -364,7 +365,7 @@ class _Graph:
             for m in self._messages(op):
                 v = m.get("value") if type(m) is dict else m
                 if type(v) is not int:
-                    v = _norm(v)
+                    v = norm_value(v)
                 part = _part(m)
                 ix = self.idx.get((topic, part))
                 i = ix.get(v) if ix is not None else None
@@ -401,7 +402,7 @@ class _Graph:
             for m in self._messages(op):
                 v = m.get("value") if type(m) is dict else m
                 if type(v) is not int:
-                    v = _norm(v)
+                    v = norm_value(v)
                 n = w.get(v)
                 if n is not None and n != r:
                     adj[n].append((r << KIND_BITS) | WR)
@@ -780,31 +781,17 @@ class _Graph:
 
     # ---------------------------------------------------------------------------------- evidence
 
-    def _index(self, op: Op) -> int:
-        if op.index >= 0:
-            return op.index
-        if self._index_of is None:
-            self._index_of = {id(x): i for i, x in enumerate(self.h)}
-        return self._index_of.get(id(op), -1)
-
-    def _ref(self, op: Op) -> dict[str, Any]:
-        r = {"index": self._index(op), "time_s": round(op.time_ns / 1e9, 6), "process": op.process,
-             "type": op.type, "f": op.f, "key": op.key, "node": op.node or None}
-        if op.error:
-            r["error"] = op.error
-        return r
-
     def _values(self, op: Op) -> list[Any]:
         out = []
         for m in self._messages(op):
             v = m.get("value") if type(m) is dict else m
-            out.append(_jsonable(v if type(v) is int else _norm(v)))
+            out.append(jsonable(v if type(v) is int else norm_value(v)))
         return out
 
     def _label(self, n: int) -> str:
         op = self.op[n]
         if op.f in self.send_fs:
-            return f"{op.f} {_jsonable(op.value)} (p{op.process})"
+            return f"{op.f} {jsonable(op.value)} (p{op.process})"
         vals = self._values(op)
         shown = ", ".join(str(x) for x in vals[:3]) + (", ..." if len(vals) > 3 else "")
         return f"{op.f} [{shown}] (p{op.process})"
@@ -814,19 +801,19 @@ class _Graph:
         if kind == WW:
             ia = self._log_index(oa)
             ib = self._log_index(ob)
-            return (f"{_jsonable(oa.value)} precedes {_jsonable(ob.value)} in the log of {oa.key}"
+            return (f"{jsonable(oa.value)} precedes {jsonable(ob.value)} in the log of {oa.key}"
                     + (f" (positions {ia} and {ib})" if ia is not None and ib is not None else ""))
         if kind == WR:
-            return f"the {ob.f} returned {_jsonable(oa.value)}, which the {oa.f} wrote"
+            return f"the {ob.f} returned {jsonable(oa.value)}, which the {oa.f} wrote"
         if kind == RW:
-            return (f"{oa.f} read {oa.key} up to a value before {_jsonable(ob.value)} and did not see it")
+            return (f"{oa.f} read {oa.key} up to a value before {jsonable(ob.value)} and did not see it")
         if kind == PROC:
             return f"process {oa.process} did {oa.f} before {ob.f}"
         return (f"{oa.f} completed at {oa.time_ns / 1e9:.6f} s, before {ob.f} was invoked at "
                 f"{self.inv_t[b] / 1e9:.6f} s")
 
     def _log_index(self, op: Op) -> int | None:
-        v = op.value if type(op.value) is int else _norm(op.value)
+        v = op.value if type(op.value) is int else norm_value(op.value)
         for (topic, _), ix in self.idx.items():
             if topic == op.key and v in ix:
                 return ix[v]
@@ -838,10 +825,10 @@ class _Graph:
         ops = []
         for n in nodes:
             op = self.op[n]
-            d = {"op": self._ref(op), "topic": op.key}
+            d = {"op": self.ref(op), "topic": op.key}
             if op.f in self.send_fs:
-                d["value"] = _jsonable(op.value if type(op.value) is int else _norm(op.value))
-                d["message_id"] = _mid_json(_mid(op.message_id))
+                d["value"] = jsonable(op.value if type(op.value) is int else norm_value(op.value))
+                d["message_id"] = mid_json(mid_tuple(op.message_id))
             else:
                 vals = self._values(op)
                 d["values"] = vals[:20]
@@ -885,27 +872,9 @@ class _Graph:
         return CheckResult(valid=valid, anomalies=anomalies, stats=stats)
 
 
-def _part_of(d: Any) -> int:
-    if type(d) is MessageId:
-        return d.partition
-    if type(d) is dict:
-        p = d.get("partition", -1)
-        return p if type(p) is int else -1
-    mm = _mid(d)
-    return mm[2] if mm is not None else -1
-
-
 def _part(m: Any) -> int:
-    if type(m) is not dict:
-        return -1
-    d = m.get("message_id")
-    if d is None:
-        return -1
-    if type(d) is dict:
-        p = d.get("partition", -1)
-        return p if type(p) is int else -1
-    mm = _mid(d)
-    return mm[2] if mm is not None else -1
+    """The partition of a received message (a dict with its message_id); -1 when unknown."""
+    return partition_of(m.get("message_id")) if type(m) is dict else -1
 
 
 def _op_len(cyc: list[int], ops: list[Op | None]) -> int:

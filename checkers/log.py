@@ -52,15 +52,15 @@ log factor per receive for the time frontier), the memory linear in distinct mes
 """
 from __future__ import annotations
 
-import gc
 import math
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from operator import attrgetter
 from typing import Any
 
+from checkers.toolkit import (BATCH_LIMIT, ENTRY_LIMIT, Mid, OpRefs, gc_paused, jsonable, mid_json, mid_tuple,
+                              norm_value, op_names, partition_of, percentile, position_key, redelivery_count,
+                              rounded, unpack_position)
 from core.faults import FaultTimeline
 from core.history import FAIL, INFO, INVOKE, NEMESIS_PROCESS, OK, CheckResult, MessageId, Op
 
@@ -108,22 +108,6 @@ def check(history: list[Op], opts: dict[str, Any] | None = None) -> CheckResult:
     return r
 
 
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector off for the duration (restored after).
-
-    A check allocates millions of small tuples and dicts next to a history of millions of objects;
-    every full collection walks all of them, which doubled the time of a 1,000,000-op check. The
-    checkers make no reference cycles worth collecting, so nothing is lost by pausing it."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def subscription_type(name: Any) -> str:
     """The canonical spelling of a subscription type ("key_shared", "KeyShared" -> "Key_Shared")."""
     key = str(name).replace("_", "").replace("-", "").lower()
@@ -133,140 +117,14 @@ def subscription_type(name: Any) -> str:
     raise ValueError(f"unknown subscription_type {name!r}; fix: use one of {', '.join(SUBSCRIPTION_TYPES)}")
 
 
-# ---------------------------------------------------------------------------------------- helpers
-
-def _norm(v: Any) -> Any:
-    """A message value as a hashable, comparable key: ints stay ints, strings of ints become ints."""
-    if type(v) is int:
-        return v
-    if isinstance(v, str):
-        s = v.strip()
-        try:
-            return int(s)
-        except ValueError:
-            return v
-    if isinstance(v, bytes):
-        return _norm(v.decode("utf-8", "replace"))
-    if isinstance(v, bool) or v is None:
-        return v
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    if isinstance(v, (int, float)):
-        return v
-    return repr(v)        # unhashable or odd: still comparable as text
-
-
-def _mid(d: Any) -> tuple[int, int, int, int] | None:
-    """(ledger, entry, partition, batch_index) from a dict, list, MessageId or "(l,e,p,b)" string."""
-    if d is None:
-        return None
-    try:
-        if isinstance(d, dict):
-            return (int(d["ledger_id"]), int(d["entry_id"]), int(d.get("partition", -1)),
-                    int(d.get("batch_index", -1)))
-        if isinstance(d, MessageId):
-            return (d.ledger_id, d.entry_id, d.partition, d.batch_index)
-        if isinstance(d, str):
-            d = [x for x in d.strip("()[] ").replace(":", ",").split(",") if x.strip()]
-        if isinstance(d, (list, tuple)) and 2 <= len(d) <= 4:
-            t = [int(x) for x in d] + [-1] * (4 - len(d))
-            return (t[0], t[1], t[2], t[3])
-    except (KeyError, TypeError, ValueError):
-        return None
-    return None
-
-
-def _mid_json(m: tuple[int, int, int, int] | None) -> dict[str, int] | None:
-    if m is None:
-        return None
-    return {"ledger_id": m[0], "entry_id": m[1], "partition": m[2], "batch_index": m[3]}
-
-
-def _jsonable(v: Any) -> Any:
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return v
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (set, frozenset)):
-        try:
-            return sorted(_jsonable(x) for x in v)
-        except TypeError:
-            return [_jsonable(x) for x in v]
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, MessageId):
-        return _mid_json(_mid(v))
-    if isinstance(v, bytes):
-        return v.decode("utf-8", "replace")
-    return str(v)
-
-
-def _pct(sorted_vals: list[float], q: float) -> float | None:
-    """Nearest-rank percentile of an ascending list."""
-    n = len(sorted_vals)
-    if n == 0:
-        return None
-    return sorted_vals[min(n - 1, max(0, math.ceil(q * n) - 1))]
-
-
-def _r(x: float | None, nd: int = 3) -> float | None:
-    return None if x is None else round(x, nd)
-
-
 _NONE = object()
-_B32 = 1 << 32
-_B16 = 1 << 16
-
-
-def _pk(d: Any) -> Any:
-    """A position's key, ordered as the log is: one int (ledger, entry, batch index -1 read as 0) when
-    the parts fit, else the tuple; None when `d` is not a message id. The partition is left out."""
-    if type(d) is dict:
-        try:
-            l, e = d["ledger_id"], d["entry_id"]
-            b = d.get("batch_index", -1)
-        except KeyError:
-            return None
-        if type(l) is not int or type(e) is not int or type(b) is not int:
-            m = _mid(d)
-            if m is None:
-                return None
-            l, e, b = m[0], m[1], m[3]
-    elif type(d) is MessageId:
-        l, e, b = d.ledger_id, d.entry_id, d.batch_index
-    else:
-        m = _mid(d)
-        if m is None:
-            return None
-        l, e, b = m[0], m[1], m[3]
-    if b < 0:
-        b = 0
-    if l >= 0 and 0 <= e < _B32 and b < _B16:
-        return ((l << 32) | e) << 16 | b
-    return (l, e, b)
-
-
-def _unpack(pk: Any) -> tuple[int, int, int]:
-    if type(pk) is int:
-        return (pk >> 48, (pk >> 16) & 0xFFFFFFFF, pk & 0xFFFF)
-    return pk
 
 
 def _before(a: Any, b: Any) -> bool:
     """Position a lies before position b in the log."""
     if type(a) is int and type(b) is int:
         return a < b
-    return _unpack(a) < _unpack(b)
-
-
-def _partition(d: Any) -> int:
-    if type(d) is dict:
-        p = d.get("partition", -1)
-        return p if type(p) is int else (_mid(d) or (0, 0, -1))[2]
-    if type(d) is MessageId:
-        return d.partition
-    m = _mid(d)
-    return m[2] if m is not None else -1
+    return unpack_position(a) < unpack_position(b)
 
 
 def _msg_at(op: Op, slot: int) -> Any:
@@ -282,36 +140,6 @@ def _msg_at(op: Op, slot: int) -> Any:
 # An observation of a value at a position: (source "send" | "receive" | "read", op, slot in the op's
 # message list, -1 for a send's acknowledgement). Message ids are looked up again for evidence only.
 Obs = tuple[str, Op, int]
-
-
-def op_names(opts: dict[str, Any]) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
-    """The f names of sends, receives and final reads from opts["send"/"receive"/"read"]; a name is
-    counted in the first of the three that lists it."""
-    send = frozenset(opts.get("send") or ())
-    recv = frozenset(opts.get("receive") or ()) - send
-    return send, recv, frozenset(opts.get("read") or ()) - send - recv
-
-
-class OpRefs:
-    """Evidence references to ops: index (found by identity when an op has none), time, process, f."""
-    h: list[Op]
-    _index_of: dict[int, int] | None = None
-
-    def _index(self, op: Op) -> int:
-        if op.index >= 0:
-            return op.index
-        if self._index_of is None:
-            self._index_of = {id(x): i for i, x in enumerate(self.h)}
-        return self._index_of.get(id(op), -1)
-
-    def _ref(self, op: Op | None) -> dict[str, Any] | None:
-        if op is None:
-            return None
-        r = {"index": self._index(op), "time_s": round(op.time_ns / 1e9, 6), "process": op.process,
-             "type": op.type, "f": op.f, "node": op.node or None}
-        if op.error:
-            r["error"] = op.error
-        return r
 
 
 class _LogCheck(OpRefs):
@@ -366,7 +194,6 @@ class _LogCheck(OpRefs):
         self.faults = FaultTimeline()
         self.t_min: int | None = None
         self.t_max = 0
-        self._index_of: dict[int, int] | None = None
         self.ofound: dict[str, list[Any]] = {}
         self.ocounts: dict[str, int] = {}
         self.order_stats: dict[str, Any] = {}
@@ -425,7 +252,7 @@ class _LogCheck(OpRefs):
         topic = op.key
         v = op.value
         if type(v) is not int:
-            v = _norm(v)
+            v = norm_value(v)
         by_v = self.sends.get(topic)
         if by_v is None:
             by_v = self.sends[topic] = {}
@@ -450,7 +277,7 @@ class _LogCheck(OpRefs):
         else:
             value = inv.value if inv is not None else op.value
             if type(value) is not int:
-                value = _norm(value)
+                value = norm_value(value)
             by_v = self.sends.get(topic)
             if by_v is None:
                 by_v = self.sends[topic] = {}
@@ -475,7 +302,7 @@ class _LogCheck(OpRefs):
             self.ok_lat.append(op.time_ns - inv.time_ns)
         self.ok_done.append(op.time_ns)
         d = op.message_id
-        pk = _pk(d) if d is not None else None
+        pk = position_key(d) if d is not None else None
         if pk is None:
             self.ok_without_id += 1
             return
@@ -483,7 +310,7 @@ class _LogCheck(OpRefs):
         if value is _NONE:
             value = inv.value
             if type(value) is not int:
-                value = _norm(value)
+                value = norm_value(value)
         pos_t = self.pos.get(topic)
         if pos_t is None:
             pos_t = self.pos[topic] = {}
@@ -492,7 +319,7 @@ class _LogCheck(OpRefs):
             pos_t[pk] = (value, ("send", op, -1))
         elif cur[0] != value:
             self._conflict(topic, pk, cur, value, ("send", op, -1))
-        k = (op.process, topic, d.partition if type(d) is MessageId else _partition(d))
+        k = (op.process, topic, d.partition if type(d) is MessageId else partition_of(d))
         last = self.last_send.get(k)
         if last is not None:
             lp = last[0]
@@ -530,18 +357,15 @@ class _LogCheck(OpRefs):
             if type(m) is dict:
                 v = m.get("value")
                 if type(v) is not int:
-                    v = _norm(v)
+                    v = norm_value(v)
                 d = m.get("message_id")
                 rc = m.get("redelivery_count") or 0
                 if type(rc) is not int:
-                    try:
-                        rc = int(rc)
-                    except (TypeError, ValueError):
-                        rc = 0
+                    rc = redelivery_count(rc)
                 key = m.get("key")
                 sub = m.get("subscription", "")
             else:
-                v, d, rc, key, sub = _norm(m), None, 0, None, ""
+                v, d, rc, key, sub = norm_value(m), None, 0, None, ""
             if v is None:
                 self._bad(op, f"message {j} has no value")
                 continue
@@ -554,19 +378,19 @@ class _LogCheck(OpRefs):
             else:
                 obs = first[v] = ("receive", op, j)
             if type(d) is dict:
-                # _pk and _partition inlined for the common spelling of a message id
+                # position_key and partition_of inlined for the common spelling of a message id
                 lg, e, b = d.get("ledger_id"), d.get("entry_id"), d.get("batch_index", -1)
-                if type(lg) is int and type(e) is int and type(b) is int and lg >= 0 and 0 <= e < _B32 \
-                        and b < _B16:
+                if type(lg) is int and type(e) is int and type(b) is int and lg >= 0 and 0 <= e < ENTRY_LIMIT \
+                        and b < BATCH_LIMIT:
                     pk = ((lg << 32) | e) << 16 | (b if b > 0 else 0)
                 else:
-                    pk = _pk(d)
+                    pk = position_key(d)
                 part = d.get("partition", -1) if pk is not None else -1
                 if type(part) is not int:
-                    part = _partition(d)
+                    part = partition_of(d)
             elif d is not None:
-                pk = _pk(d)
-                part = _partition(d) if pk is not None else -1
+                pk = position_key(d)
+                part = partition_of(d) if pk is not None else -1
             else:
                 pk, part = None, -1
             # _seen, inlined: the usual case is a position already known with this value (the ack)
@@ -609,18 +433,18 @@ class _LogCheck(OpRefs):
             if type(m) is dict:
                 v = m.get("value")
                 if type(v) is not int:
-                    v = _norm(v)
+                    v = norm_value(v)
                 d = m.get("message_id")
             else:
-                v, d = _norm(m), None
+                v, d = norm_value(m), None
             if v is None:
                 self._bad(op, f"message {j} has no value")
                 continue
             if d is None:
                 part, pk = -1, None
             else:
-                part = d.get("partition", -1) if type(d) is dict else _partition(d)
-                pk = _pk(d)
+                part = d.get("partition", -1) if type(d) is dict else partition_of(d)
+                pk = position_key(d)
             if part != cur_part:
                 ix = idx.get(part)
                 if ix is None:
@@ -639,10 +463,10 @@ class _LogCheck(OpRefs):
                     lp = prev[0]
                     if (pk < lp) if (type(pk) is int and type(lp) is int) else _before(pk, lp):
                         self.nonmono_read.append({
-                            "topic": topic, "partition": part, "read": self._ref(op),
-                            "previous": {"slot": prev[1], "value": _jsonable(prev[2]),
-                                         "message_id": _mid_json(_mid(prev[3]))},
-                            "next": {"slot": j, "value": _jsonable(v), "message_id": _mid_json(_mid(d))}})
+                            "topic": topic, "partition": part, "read": self.ref(op),
+                            "previous": {"slot": prev[1], "value": jsonable(prev[2]),
+                                         "message_id": mid_json(mid_tuple(prev[3]))},
+                            "next": {"slot": j, "value": jsonable(v), "message_id": mid_json(mid_tuple(d))}})
                     elif pk == prev[0]:
                         self.read_repeats += 1
                 last[part] = (pk, j, v, d)
@@ -691,7 +515,7 @@ class _LogCheck(OpRefs):
     def _bad(self, op: Op, why: str) -> None:
         self.malformed_n += 1
         if len(self.malformed) < 20:
-            self.malformed.append({"op": self._ref(op), "why": why})
+            self.malformed.append({"op": self.ref(op), "why": why})
 
     # ----------------------------------------------------------------------------- consumer order
 
@@ -704,7 +528,7 @@ class _LogCheck(OpRefs):
             return "final-read", reads[best][3], reads[best][4]
         pos_t = self.pos.get(topic) or {}
         ix, vl = {}, []
-        for pk in sorted(pos_t, key=_unpack):
+        for pk in sorted(pos_t, key=unpack_position):
             v = pos_t[pk][0]
             if v not in ix:
                 ix[v] = len(vl)
@@ -842,7 +666,7 @@ class _LogCheck(OpRefs):
             src, _, vals = orders[topic]
             missed = [vals[part][x] for x in range(lo, hi) if not mk[x]]
             add("poll-skip", lambda: dict(self._order_json("consumer", topic, part, sub, None, a, b, src),
-                                          skipped=len(missed), skipped_values=[_jsonable(x) for x in missed[:10]]))
+                                          skipped=len(missed), skipped_values=[jsonable(x) for x in missed[:10]]))
         # key-overlap: B's receive of b (key k) completed before A's receive of an earlier a (key k)
         for (sk, key), ov in overlap.items():
             ov.sort(key=lambda x: -x[1])            # latest completion first
@@ -859,7 +683,7 @@ class _LogCheck(OpRefs):
                     if cand is not None and cand[4][0] < e[5][0]:
                         a = cand
                         add("key-overlap", lambda: {
-                            "topic": sk[0], "partition": sk[2], "subscription": sk[1], "key": _jsonable(key),
+                            "topic": sk[0], "partition": sk[2], "subscription": sk[1], "key": jsonable(key),
                             "first": self._overlap_json(a, a[4]), "second": self._overlap_json(e, e[5])})
                 for e in group:
                     if best1 is None or e[4][0] < best1[4][0]:
@@ -876,7 +700,7 @@ class _LogCheck(OpRefs):
                     source: str) -> dict[str, Any]:
         out = {"topic": topic, "partition": part, "subscription": sub}
         if scope == "key":
-            out["key"] = _jsonable(key)
+            out["key"] = jsonable(key)
         if scope == "consumer":
             out["consumer"] = b[1].process
             out["previous"], out["next"] = self._deliv_json(a), self._deliv_json(b)
@@ -888,26 +712,26 @@ class _LogCheck(OpRefs):
     def _deliv_json(self, d: tuple[int, Op, int, Any, int]) -> dict[str, Any]:
         i, op, j, v, rc = d
         m = _msg_at(op, j)
-        return {"value": _jsonable(v), "log_index": i,
-                "message_id": _mid_json(_mid(m.get("message_id"))) if isinstance(m, dict) else None,
-                "redelivery_count": rc, "op": self._ref(op), "slot": j}
+        return {"value": jsonable(v), "log_index": i,
+                "message_id": mid_json(mid_tuple(m.get("message_id"))) if isinstance(m, dict) else None,
+                "redelivery_count": rc, "op": self.ref(op), "slot": j}
 
     def _overlap_json(self, e: list[Any], d: tuple[int, int, Any]) -> dict[str, Any]:
         t_inv, t_done, proc, op = e[:4]
         i, j, v = d
-        return {"consumer": proc, "value": _jsonable(v), "log_index": i, "slot": j, "op": self._ref(op),
+        return {"consumer": proc, "value": jsonable(v), "log_index": i, "slot": j, "op": self.ref(op),
                 "invoke_s": round(t_inv / 1e9, 6), "complete_s": round(t_done / 1e9, 6)}
 
     # ---------------------------------------------------------------------------------- evidence
 
     def _send_json(self, rec: list[Any]) -> dict[str, Any]:
         inv, comp = rec[0], rec[1]
-        out = {"topic": inv.key, "value": _jsonable(_norm(inv.value)),
+        out = {"topic": inv.key, "value": jsonable(norm_value(inv.value)),
                "outcome": comp.type if comp is not None else None,
-               "message_id": _mid_json(_mid(comp.message_id)) if comp is not None else None,
-               "invoke": self._ref(inv) if inv.type == INVOKE else None,
-               "completion": self._ref(comp),
-               "latency_ms": (_r((comp.time_ns - inv.time_ns) / 1e6)
+               "message_id": mid_json(mid_tuple(comp.message_id)) if comp is not None else None,
+               "invoke": self.ref(inv) if inv.type == INVOKE else None,
+               "completion": self.ref(comp),
+               "latency_ms": (rounded((comp.time_ns - inv.time_ns) / 1e6)
                               if comp is not None and inv.type == INVOKE else None)}
         return out
 
@@ -916,20 +740,20 @@ class _LogCheck(OpRefs):
         return by_v.get(v) if by_v is not None else None
 
     @staticmethod
-    def _obs_mid(obs: Obs) -> tuple[int, int, int, int] | None:
+    def _obs_mid(obs: Obs) -> Mid | None:
         src, op, slot = obs
         if slot < 0:
-            return _mid(op.message_id)
+            return mid_tuple(op.message_id)
         m = _msg_at(op, slot)
-        return _mid(m.get("message_id")) if isinstance(m, dict) else None
+        return mid_tuple(m.get("message_id")) if isinstance(m, dict) else None
 
     def _obs_json(self, topic: str, v: Any, obs: Obs) -> dict[str, Any]:
         src, op, slot = obs
-        out = {"source": src, "value": _jsonable(v), "message_id": _mid_json(self._obs_mid(obs)),
-               "op": self._ref(op)}
+        out = {"source": src, "value": jsonable(v), "message_id": mid_json(self._obs_mid(obs)),
+               "op": self.ref(op)}
         if src == "send":
             rec = self._send_rec(topic, v)
-            out["invoke"] = self._ref(rec[0]) if rec is not None and rec[0].type == INVOKE else None
+            out["invoke"] = self.ref(rec[0]) if rec is not None and rec[0].type == INVOKE else None
         else:
             out["slot"] = slot
         return out
@@ -994,30 +818,30 @@ class _LogCheck(OpRefs):
                         if missing:
                             lost_by_topic[topic] = lost_by_topic.get(topic, 0) + 1
                             add("lost", lambda: {
-                                "topic": topic, "value": _jsonable(v),
-                                "message_id": _mid_json(_mid(comp.message_id)),
+                                "topic": topic, "value": jsonable(v),
+                                "message_id": mid_json(mid_tuple(comp.message_id)),
                                 "send": self._send_json(rec),
-                                "missing_from_reads": [self._ref(op) for op in missing],
+                                "missing_from_reads": [self.ref(op) for op in missing],
                                 "read_by": (self._obs_json(topic, v, seen[1]) if seen is not None else None),
                                 "received_during_run": (self._obs_json(topic, v, first_t[v])
                                                         if v in first_t else None)})
                         elif recv and v not in first_t:
-                            add("unseen", lambda: {"topic": topic, "value": _jsonable(v),
-                                                   "message_id": _mid_json(_mid(comp.message_id)),
+                            add("unseen", lambda: {"topic": topic, "value": jsonable(v),
+                                                   "message_id": mid_json(mid_tuple(comp.message_id)),
                                                    "send": self._send_json(rec)})
                     pk = rec[2]
                     if pk is not None and seen is not None and seen[0] is not None and seen[0] != pk:
                         at = self.dups.get((topic, v)) or {seen[0]: seen[1]}
                         if pk not in at and (topic, pk) not in self.conflicts:
                             add("misplaced", lambda: {
-                                "topic": topic, "value": _jsonable(v),
-                                "acked_message_id": _mid_json(_mid(comp.message_id)),
-                                "read_message_ids": [_mid_json(self._obs_mid(o)) for o in at.values()],
+                                "topic": topic, "value": jsonable(v),
+                                "acked_message_id": mid_json(mid_tuple(comp.message_id)),
+                                "read_message_ids": [mid_json(self._obs_mid(o)) for o in at.values()],
                                 "send": self._send_json(rec),
                                 "observations": [self._obs_json(topic, v, o) for o in at.values()]})
                 elif t == FAIL:
                     if seen is not None:
-                        add("aborted-read", lambda: {"topic": topic, "value": _jsonable(v),
+                        add("aborted-read", lambda: {"topic": topic, "value": jsonable(v),
                                                      "send": self._send_json(rec),
                                                      "observation": self._obs_json(topic, v, seen[1])})
                 else:                                         # info, or never completed
@@ -1042,8 +866,8 @@ class _LogCheck(OpRefs):
                     for t2, d2 in self.sends.items():
                         for v2 in d2:
                             sent_to.setdefault(v2, []).append(t2)
-                add("unexpected", lambda: {"topic": topic, "value": _jsonable(v),
-                                           "message_id": _mid_json(self._obs_mid(obs)),
+                add("unexpected", lambda: {"topic": topic, "value": jsonable(v),
+                                           "message_id": mid_json(self._obs_mid(obs)),
                                            "observation": self._obs_json(topic, v, obs),
                                            "sent_to_topics": sent_to.get(v, [])})
 
@@ -1051,8 +875,8 @@ class _LogCheck(OpRefs):
             obs_list = list(by_value.items())
             add("divergence", lambda: {
                 "topic": topic,
-                "message_id": _mid_json(self._obs_mid(obs_list[0][1])),
-                "values": [_jsonable(v) for v, _ in obs_list],
+                "message_id": mid_json(self._obs_mid(obs_list[0][1])),
+                "values": [jsonable(v) for v, _ in obs_list],
                 "sources": sorted({o[0] for _, o in obs_list}),
                 "observations": [self._obs_json(topic, v, o) for v, o in obs_list]})
 
@@ -1060,15 +884,15 @@ class _LogCheck(OpRefs):
             obs_list = list(by_pos.values())
             rec = self._send_rec(topic, v)
             add("duplicate", lambda: {
-                "topic": topic, "value": _jsonable(v),
-                "message_ids": [_mid_json(self._obs_mid(o)) for o in obs_list],
+                "topic": topic, "value": jsonable(v),
+                "message_ids": [mid_json(self._obs_mid(o)) for o in obs_list],
                 "observations": [self._obs_json(topic, v, o) for o in obs_list],
                 "send": self._send_json(rec) if rec is not None else None})
 
         for earlier, later in self.nonmono_send:
             add("nonmonotonic-send", lambda: {
                 "topic": later[0].key, "process": later[1].process,
-                "partition": _mid(later[1].message_id)[2],
+                "partition": mid_tuple(later[1].message_id)[2],
                 "earlier": self._send_json(earlier), "later": self._send_json(later)})
 
         for a in self.nonmono_read:
@@ -1115,9 +939,9 @@ class _LogCheck(OpRefs):
 
         ok_lat = sorted(self.ok_lat)
         ms = [x / 1e6 for x in ok_lat]
-        latency = {"count": len(ms), "p50": _r(_pct(ms, 0.50)), "p95": _r(_pct(ms, 0.95)),
-                   "p99": _r(_pct(ms, 0.99)), "max": _r(ms[-1] if ms else None),
-                   "mean": _r(sum(ms) / len(ms) if ms else None)}
+        latency = {"count": len(ms), "p50": rounded(percentile(ms, 0.50)), "p95": rounded(percentile(ms, 0.95)),
+                   "p99": rounded(percentile(ms, 0.99)), "max": rounded(ms[-1] if ms else None),
+                   "mean": rounded(sum(ms) / len(ms) if ms else None)}
 
         # the window the sends ran in, and its buckets
         other_inv = [i for i, _, _ in self.other_lat]
@@ -1151,15 +975,15 @@ class _LogCheck(OpRefs):
         p50, p99, mx = [], [], []
         for b in lat_b:
             b.sort()
-            p50.append(_r(_pct(b, 0.5) / 1e6) if b else None)
-            p99.append(_r(_pct(b, 0.99) / 1e6) if b else None)
-            mx.append(_r(b[-1] / 1e6) if b else None)
+            p50.append(rounded(percentile(b, 0.5) / 1e6) if b else None)
+            p99.append(rounded(percentile(b, 0.99) / 1e6) if b else None)
+            mx.append(rounded(b[-1] / 1e6) if b else None)
         throughput = {"ok_sends": len(self.ok_done),
-                      "ok_sends_per_s": _r(len(self.ok_done) / span_s if span_s > 0 else None),
-                      "window_s": [_r(w0 / 1e9), _r(w1 / 1e9)],
-                      "bucket_s": bucket_s, "start_s": _r(start_s),
-                      "per_bucket": [_r(n / bucket_s) for n in per]}
-        over_time = {"bucket_s": bucket_s, "start_s": _r(start_s), "p50_ms": p50, "p99_ms": p99,
+                      "ok_sends_per_s": rounded(len(self.ok_done) / span_s if span_s > 0 else None),
+                      "window_s": [rounded(w0 / 1e9), rounded(w1 / 1e9)],
+                      "bucket_s": bucket_s, "start_s": rounded(start_s),
+                      "per_bucket": [rounded(n / bucket_s) for n in per]}
+        over_time = {"bucket_s": bucket_s, "start_s": rounded(start_s), "p50_ms": p50, "p99_ms": p99,
                      "max_ms": mx, "points": self._points()}
 
         # unavailability: gaps between consecutive ok sends
@@ -1169,17 +993,17 @@ class _LogCheck(OpRefs):
         for a, b in zip(done, done[1:]):
             g = (b - a) / 1e9
             if g > longest:
-                longest, at = g, [_r(a / 1e9), _r(b / 1e9)]
+                longest, at = g, [rounded(a / 1e9), rounded(b / 1e9)]
             if g > gap_s:
                 total += g
                 if len(gaps) < 1000:
-                    gaps.append([_r(a / 1e9), _r(b / 1e9)])
-        unavailable = {"longest_gap_s": _r(longest), "longest_gap_at": at, "threshold_s": gap_s,
-                       "total_s": _r(total), "gaps": gaps}
+                    gaps.append([rounded(a / 1e9), rounded(b / 1e9)])
+        unavailable = {"longest_gap_s": rounded(longest), "longest_gap_at": at, "threshold_s": gap_s,
+                       "total_s": rounded(total), "gaps": gaps}
 
         periods = [p for p in self.faults.periods if not p.failed]
-        faults = [[_r(p.start_ns / 1e9), _r((p.stop_ns if p.stop_ns is not None else self.t_max) / 1e9), p.name,
-                   _jsonable(p.value)] for p in periods]
+        faults = [[rounded(p.start_ns / 1e9), rounded((p.stop_ns if p.stop_ns is not None else self.t_max) / 1e9), p.name,
+                   jsonable(p.value)] for p in periods]
         faults.sort(key=lambda p: (p[0], p[1]))
         open_at_end = self.faults.open_periods()
 
@@ -1196,7 +1020,7 @@ class _LogCheck(OpRefs):
 
         return {
             "ops": ops,
-            "duration_s": _r((self.t_max - (self.t_min or 0)) / 1e9),
+            "duration_s": rounded((self.t_max - (self.t_min or 0)) / 1e9),
             "sends": sends,
             "send_latency_ms": latency,
             "throughput": throughput,
@@ -1228,4 +1052,4 @@ class _LogCheck(OpRefs):
         other = [self.other_lat[i] for i in sample(len(self.other_lat), budget // 2)]
         ok = [(self.ok_inv[i], self.ok_lat[i], OK) for i in sample(len(self.ok_inv), budget - len(other))]
         pts = sorted(ok + other)
-        return [[_r(i / 1e9), _r(l / 1e6), t] for i, l, t in pts]
+        return [[rounded(i / 1e9), rounded(l / 1e6), t] for i, l, t in pts]

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from checkers.log import OpRefs, _jsonable, _mid, _mid_json, _norm, _pk, gc_paused
+from checkers.toolkit import (OpRefs, gc_paused, jsonable, mid_json, mid_tuple, norm_value, op_names,
+                              position_key, redelivery_count)
 from core.history import FAIL, INFO, INVOKE, NEMESIS_PROCESS, OK, CheckResult, Op
 
 ANOMALY_TYPES = ("lost", "unexpected", "duplicated", "recovered", "duplicate")
@@ -83,10 +84,9 @@ class _QueueCheck(OpRefs):
     def __init__(self, history: list[Op], opts: dict[str, Any]):
         self.h = history
         self.o = opts
-        self.enq_fs = frozenset(opts.get("enqueue") or ())
-        self.drain_fs = frozenset(opts.get("drain") or ()) - self.enq_fs
-        self.deq_fs = (frozenset(opts.get("dequeue") or ()) | self.drain_fs) - self.enq_fs
-        self.read_fs = frozenset(opts.get("read") or ()) - self.enq_fs - self.deq_fs
+        names = op_names(opts, "enqueue", "drain", "dequeue", "read")
+        self.enq_fs, self.drain_fs, self.read_fs = names[0], names[1], names[3]
+        self.deq_fs = names[2] | self.drain_fs               # a drain consumes as a dequeue does
         # queue -> value -> [invoke, completion | None, attempts]
         self.enq: dict[str, dict[Any, list[Any]]] = {}
         # (queue, subscription) -> value -> deliveries; and the first delivery of each value
@@ -104,7 +104,6 @@ class _QueueCheck(OpRefs):
         self.redelivered = 0
         self.malformed = 0
         self.orphans = 0
-        self._index_of: dict[int, int] | None = None
 
     # ------------------------------------------------------------------------------------ the pass
 
@@ -143,7 +142,7 @@ class _QueueCheck(OpRefs):
     def _enqueue_invoke(self, op: Op) -> None:
         v = op.value
         if type(v) is not int:
-            v = _norm(v)
+            v = norm_value(v)
         by_v = self.enq.get(op.key)
         if by_v is None:
             by_v = self.enq[op.key] = {}
@@ -158,7 +157,7 @@ class _QueueCheck(OpRefs):
     def _enqueue_done(self, inv: Op | None, op: Op) -> None:
         v = inv.value if inv is not None else op.value
         if type(v) is not int:
-            v = _norm(v)
+            v = norm_value(v)
         q = inv.key if inv is not None else op.key
         by_v = self.enq.get(q)
         if by_v is None:
@@ -170,7 +169,7 @@ class _QueueCheck(OpRefs):
             return                                   # an earlier attempt was acknowledged
         rec[1] = op
         if op.type == OK and op.message_id is not None:
-            pk = _pk(op.message_id)
+            pk = position_key(op.message_id)
             if pk is not None:
                 self._at(q, v, pk, None)
 
@@ -190,17 +189,14 @@ class _QueueCheck(OpRefs):
             if type(m) is dict:
                 v = m.get("value")
                 if type(v) is not int:
-                    v = _norm(v)
+                    v = norm_value(v)
                 rc = m.get("redelivery_count") or 0
                 if type(rc) is not int:
-                    try:
-                        rc = int(rc)
-                    except (TypeError, ValueError):
-                        rc = 0
+                    rc = redelivery_count(rc)
                 sub = m.get("subscription", "")
                 d = m.get("message_id")
             else:
-                v, rc, sub, d = _norm(m), 0, "", None
+                v, rc, sub, d = norm_value(m), 0, "", None
             if v is None:
                 self.malformed += 1
                 continue
@@ -228,7 +224,7 @@ class _QueueCheck(OpRefs):
                 elif len(extra) < 10:
                     extra.append((op, j, rc))
             if d is not None:
-                pk = _pk(d)
+                pk = position_key(d)
                 if pk is not None:
                     self._at(q, v, pk, (op, j, rc))
 
@@ -239,7 +235,7 @@ class _QueueCheck(OpRefs):
         for j, m in enumerate(self._messages(op)):
             v = m.get("value") if type(m) is dict else m
             if type(v) is not int:
-                v = _norm(v)
+                v = norm_value(v)
             if v is not None and v not in seen:
                 seen[v] = (op, j, 0)
 
@@ -262,18 +258,18 @@ class _QueueCheck(OpRefs):
     def _enq_json(self, rec: list[Any]) -> dict[str, Any]:
         inv, comp, attempts = rec
         return {"outcome": comp.type if comp is not None else None,
-                "invoke": self._ref(inv) if inv.type == INVOKE else None,
-                "completion": self._ref(comp),
-                "message_id": _mid_json(_mid(comp.message_id)) if comp is not None else None,
+                "invoke": self.ref(inv) if inv.type == INVOKE else None,
+                "completion": self.ref(comp),
+                "message_id": mid_json(mid_tuple(comp.message_id)) if comp is not None else None,
                 "attempts": attempts}
 
     def _deliv_json(self, d: Deliv) -> dict[str, Any]:
         op, j, rc = d
         msgs = self._messages(op)
         m = msgs[j] if j < len(msgs) else None
-        out = {"op": self._ref(op), "slot": j, "redelivery_count": rc, "message_id": None}
+        out = {"op": self.ref(op), "slot": j, "redelivery_count": rc, "message_id": None}
         if isinstance(m, dict):
-            out["message_id"] = _mid_json(_mid(m.get("message_id")))
+            out["message_id"] = mid_json(mid_tuple(m.get("message_id")))
             if "subscription" in m:
                 out["subscription"] = m["subscription"]
         return out
@@ -345,7 +341,7 @@ class _QueueCheck(OpRefs):
                         hist[0] = hist.get(0, 0) + 1
                     if not got and complete and v not in reads:
                         st["lost"] += 1
-                        add("lost", lambda: {"queue": q, "value": _jsonable(v), "enqueue": self._enq_json(rec),
+                        add("lost", lambda: {"queue": q, "value": jsonable(v), "enqueue": self._enq_json(rec),
                                              "drain": drained[q]})
                     continue
                 if t == FAIL:
@@ -355,7 +351,7 @@ class _QueueCheck(OpRefs):
                 d = next((f[v] for f in firsts if v in f), None) or reads.get(v)
                 if d is not None:
                     st["recovered"] += 1
-                    add("recovered", lambda: {"queue": q, "value": _jsonable(v), "enqueue": self._enq_json(rec),
+                    add("recovered", lambda: {"queue": q, "value": jsonable(v), "enqueue": self._enq_json(rec),
                                               "delivery": self._deliv_json(d)})
             per_q[q] = st
             for k in tot:
@@ -373,14 +369,14 @@ class _QueueCheck(OpRefs):
                         for q2, d2 in self.enq.items():
                             for v2 in d2:
                                 sent_to.setdefault(v2, []).append(q2)
-                    add("unexpected", lambda: {"queue": q, "subscription": sub, "value": _jsonable(v),
+                    add("unexpected", lambda: {"queue": q, "subscription": sub, "value": jsonable(v),
                                                "delivery": self._deliv_json(firsts[v]),
                                                "enqueued_to": sent_to.get(v, [])})
                     continue
                 if n > max(1, rec[2]):
                     dl = [firsts[v]] + self.more.get((q, sub, v), [])
                     add("duplicated", lambda: {
-                        "queue": q, "subscription": sub, "value": _jsonable(v), "deliveries": n,
+                        "queue": q, "subscription": sub, "value": jsonable(v), "deliveries": n,
                         "attempts": rec[2], "redelivered": sum(1 for d in dl if d[2] > 0),
                         "observations": [self._deliv_json(d) for d in dl[:max_obs]]})
         dup_n = counts["duplicated"]
@@ -388,10 +384,10 @@ class _QueueCheck(OpRefs):
         for (q, v), at in self.multi.items():
             rec = self.enq.get(q, {}).get(v)
             add("duplicate", lambda: {
-                "queue": q, "value": _jsonable(v),
-                "message_ids": [_mid_json(_mid(self._deliv_mid(w, rec))) for w in at.values()],
+                "queue": q, "value": jsonable(v),
+                "message_ids": [mid_json(mid_tuple(self._deliv_mid(w, rec))) for w in at.values()],
                 "observations": [self._deliv_json(w) if w is not None else
-                                 {"op": self._ref(rec[1]) if rec else None, "source": "enqueue"}
+                                 {"op": self.ref(rec[1]) if rec else None, "source": "enqueue"}
                                  for w in at.values()]})
 
         anomalies = {k: v for k, v in found.items() if counts[k]}
