@@ -1120,8 +1120,8 @@ class _LogCheck(OpRefs):
                        "total_s": rounded(total), "gaps": gaps}
 
         periods = [p for p in self.faults.periods if not p.failed]
-        faults = [[rounded(p.start_ns / 1e9), rounded((p.stop_ns if p.stop_ns is not None else self.t_max) / 1e9), p.name,
-                   jsonable(p.value)] for p in periods]
+        faults = [[rounded(p.start_ns / 1e9), rounded((p.stop_ns if p.stop_ns is not None else self.t_max) / 1e9),
+                   p.name, jsonable(p.value)] for p in periods]
         faults.sort(key=lambda p: (p[0], p[1]))
         open_at_end = self.faults.open_periods()
 
