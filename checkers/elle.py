@@ -66,8 +66,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from checkers.toolkit import (OpRefs, gc_paused, jsonable, mid_json, mid_tuple, norm_value, op_names,
-                              partition_of, position_key, unpack_position)
+from checkers.toolkit import (Cases, OpRefs, anomalies_of, anomaly_stats, gc_paused, jsonable, mid_json, mid_tuple,
+                              norm_value, op_names, partition_of, position_key, unpack_position, verdict)
 from core.history import INFO, INVOKE, NEMESIS_PROCESS, OK, CheckResult, Op
 
 # edge kinds, as bits (Elle's BitRels: ww 1, wr 2, rw 4, process 0x40, realtime 0x80; here the
@@ -727,10 +727,12 @@ class _Graph(OpRefs):
             return base + "-process"
         return base
 
-    def cycles(self) -> tuple[dict[str, list[dict[str, Any]]], dict[str, int], dict[str, Any]]:
-        found: dict[str, list[dict[str, Any]]] = {t: [] for t in ANOMALY_TYPES}
-        counts = {t: 0 for t in ANOMALY_TYPES}
+    def cycles(self) -> tuple[dict[str, Cases], dict[str, Any]]:
+        """The cycles of each type (module docstring): at most one per type and strongly connected
+        component, the same ops not twice; each with its ops, steps and explanation as evidence.
+        Also the search's stats (components, their size, searches the budget cut short)."""
         cap = self.o.get("max_anomalies")
+        cases = {t: Cases(cap) for t in ANOMALY_TYPES}
         rest = self._cyclic_part()
         core = self._core(rest) if rest else []
         comps = self._sccs_all(core) if core else []
@@ -763,21 +765,17 @@ class _Graph(OpRefs):
                     continue
                 seen.add(kind)
                 cycles.add(ops)
-                counts[kind] += 1
-                if cap is None or len(found[kind]) < cap:
-                    found[kind].append(self._cycle_json(kind, steps))
+                cases[kind].add(lambda: self._cycle_json(kind, steps))
             if not seen:                               # the budget ran out: some cycle, classified
                 cut = True
                 steps = self._steps(self._any_cycle(comp), KIND_MASK)
                 kind = self._classify(steps)
-                counts[kind] += 1
-                if cap is None or len(found[kind]) < cap:
-                    found[kind].append(self._cycle_json(kind, steps))
+                cases[kind].add(lambda: self._cycle_json(kind, steps))
             truncated += cut
         stats = {"components": len(comps), "largest_component_ops": max(sizes, default=0),
                  "ops_on_or_between_cycles": sum(1 for n in core if self.op[n] is not None),
                  "searches_cut_short": truncated}
-        return found, counts, stats
+        return cases, stats
 
     # ---------------------------------------------------------------------------------- evidence
 
@@ -843,7 +841,8 @@ class _Graph(OpRefs):
     # ------------------------------------------------------------------------------------ verdict
 
     def result(self) -> CheckResult:
-        found, counts, cstats = self.cycles()
+        """The verdict: the cycles found, and the graph's and the search's stats."""
+        cases, cstats = self.cycles()
         o = self.o
         if o.get("invalid") is not None:
             inv = set(o["invalid"])
@@ -851,8 +850,6 @@ class _Graph(OpRefs):
             inv = set(MODELS[o["model"]])
         else:
             inv = set(ANOMALY_TYPES)
-        anomalies = {k: v for k, v in found.items() if counts[k]}
-        valid = not any(counts[k] for k in inv)
         n_ops = sum(1 for x in self.op if x is not None)
         stats = {
             "nodes": {"ops": n_ops, "time": len(self.op) - n_ops,
@@ -864,12 +861,11 @@ class _Graph(OpRefs):
                                    "from_time": self.edges[RT_IN]}},
             "log_order": dict(sorted(self.order_source.items(), key=lambda x: str(x[0]))),
             "reused_values": self.reused,
-            "anomaly_counts": {k: n for k, n in counts.items() if n},
-            "anomalies_truncated": {k: n for k, n in counts.items() if n > len(found[k])},
+            **anomaly_stats(cases),
             "invalid_types": sorted(inv),
             **cstats,
         }
-        return CheckResult(valid=valid, anomalies=anomalies, stats=stats)
+        return CheckResult(valid=verdict(cases, inv), anomalies=anomalies_of(cases), stats=stats)
 
 
 def _part(m: Any) -> int:

@@ -60,7 +60,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from typing import Any
 
-from checkers.toolkit import full_op, jsonable, mid_json, mid_tuple, norm_value, rounded
+from checkers.toolkit import (Cases, anomalies_of, anomaly_stats, full_op, jsonable, mid_json, mid_tuple,
+                              norm_value, rounded, verdict)
 from core.history import INVOKE, NEMESIS_PROCESS, OK, CheckResult, Op
 
 INVALID_BY_DEFAULT = ("split-brain", "ledger-multi-writer", "beyond-close", "ack-after-fence",
@@ -148,6 +149,8 @@ class _FencingCheck:
         self.adds_no_entry = 0
         self.recovers: dict[str, list[tuple[int, int, Op]]] = {}              # ledger -> (t, last, ok)
         self.recovers_bad = 0
+        self.cases: dict[str, Cases] = {}              # anomaly type -> its cases (made by result)
+        self.unknown: list[str] = []                   # why the verdict can only be "unknown"
 
     # ------------------------------------------------------------------------------------ the pass
 
@@ -226,37 +229,23 @@ class _FencingCheck:
     # ------------------------------------------------------------------------------------ verdict
 
     def result(self) -> CheckResult:
+        """The verdict: the cases each part finds (into self.cases), its stats, and what was unknown."""
         cap = self.o.get("max_anomalies")
-        found: dict[str, list[Any]] = {k: [] for k in ANOMALY_TYPES}
-        counts: dict[str, int] = {k: 0 for k in ANOMALY_TYPES}
-
-        def add(kind: str, make: Any) -> None:
-            counts[kind] += 1
-            if cap is None or len(found[kind]) < cap:
-                found[kind].append(make())
-
-        self.add = add
-        self.unknown: list[str] = []
+        self.cases = {k: Cases(cap) for k in ANOMALY_TYPES}
+        self.unknown = []
         stats: dict[str, Any] = {}
         self._ownership(stats)
         self._multi_writer()
         self._topic_bounds(stats)
         self._ledger_bounds(stats)
 
-        anomalies = {k: v for k, v in found.items() if counts[k]}
         invalid_types = set(self.o.get("invalid") or ())
-        if any(counts.get(k) for k in invalid_types):
-            valid: bool | str = False
-        elif self.unknown:
-            valid = "unknown"
-        else:
-            valid = True
-        stats["anomaly_counts"] = {k: n for k, n in counts.items() if n}
-        stats["anomalies_truncated"] = {k: n for k, n in counts.items() if n > len(found[k])}
+        stats.update(anomaly_stats(self.cases))
         stats["invalid_types"] = sorted(invalid_types)
         stats["unknown_because"] = self.unknown[:100]
         stats["tables"] = ["ownership"]
-        return CheckResult(valid=valid, anomalies=anomalies, stats=stats)
+        return CheckResult(valid=verdict(self.cases, invalid_types, unknown=bool(self.unknown)),
+                           anomalies=anomalies_of(self.cases), stats=stats)
 
     # ---------------------------------------------------------------------------------- ownership
 
@@ -297,6 +286,8 @@ class _FencingCheck:
         return iv._conflicts
 
     def _ownership(self, stats: dict[str, Any]) -> None:
+        """Part 1's overlaps of two brokers' acknowledgement intervals, judged by `_judge` into
+        `split-brain`, `dual-ownership-benign` or `dual-ownership-unchecked`; the ownership timeline."""
         by_part: dict[tuple[str, int], list[_Interval]] = {}
         for iv in self.iv.values():
             by_part.setdefault((iv.topic, iv.part), []).append(iv)
@@ -350,12 +341,12 @@ class _FencingCheck:
         log = self._final_log(topic, logs)
         if log is None:
             self.unknown.append(f"overlap of {a.broker} and {b.broker} on {topic} without an ok final read")
-            self.add("dual-ownership-unchecked", lambda: dict(base, intervals=[iv_json(a), iv_json(b)],
-                                                               final_read_attempted=topic in self.read_tried))
+            self.cases["dual-ownership-unchecked"].add(lambda: dict(
+                base, intervals=[iv_json(a), iv_json(b)], final_read_attempted=topic in self.read_tried))
             return
         conflicts = self._conflicts(a, log) + self._conflicts(b, log)
         if not conflicts:
-            self.add("dual-ownership-benign", lambda: dict(base, intervals=[iv_json(a), iv_json(b)]))
+            self.cases["dual-ownership-benign"].add(lambda: dict(base, intervals=[iv_json(a), iv_json(b)]))
             return
 
         def ev() -> dict[str, Any]:
@@ -367,9 +358,11 @@ class _FencingCheck:
                            "send": [full_op(c["inv"]), full_op(c["ok"])]})
             return dict(base, intervals=[iv_json(a), iv_json(b)], conflict_count=len(conflicts),
                         conflicts=cs, final_reads=[_ref(r) for r in self.reads.get(topic, [])])
-        self.add("split-brain", ev)
+        self.cases["split-brain"].add(ev)
 
     def _multi_writer(self) -> None:
+        """`ledger-multi-writer`: a ledger acknowledged by two brokers. Evidence: the ledger, its brokers,
+        topics and each writer's interval with its first and last acknowledgement."""
         by_ledger: dict[int, list[_Interval]] = {}
         for iv in self.iv.values():
             if iv.broker:
@@ -378,7 +371,7 @@ class _FencingCheck:
             if len({iv.broker for iv in ivs}) < 2:
                 continue
             ivs.sort(key=lambda x: x.t0)
-            self.add("ledger-multi-writer", lambda: {
+            self.cases["ledger-multi-writer"].add(lambda: {
                 "ledger": ledger, "brokers": sorted({iv.broker for iv in ivs}),
                 "topics": sorted({str(iv.topic) for iv in ivs}),
                 "writers": [dict(iv.row(), first_ack=full_op(iv.first), last_ack=full_op(iv.last))
@@ -387,6 +380,8 @@ class _FencingCheck:
     # ---------------------------------------------------------------------------------- ledger bounds
 
     def _topic_bounds(self, stats: dict[str, Any]) -> None:
+        """`beyond-close` of topics: acknowledged sends above their ledger's last listed entry, or in a
+        ledger the topic's `ledgers` op should list and does not; the ledger lists' stats."""
         listed: dict[int, tuple[int, str, Op]] = {}            # ledger -> (entries, topic, op)
         per_topic: dict[str, tuple[set[int], int | None, Op]] = {}
         malformed = 0
@@ -417,7 +412,7 @@ class _FencingCheck:
                     continue
                 for v, m, ok, inv in iv.acks:
                     if m[1] > n - 1:
-                        self.add("beyond-close", lambda: {
+                        self.cases["beyond-close"].add(lambda: {
                             "topic": iv.topic, "ledger": iv.ledger, "entry_id": m[1],
                             "closed_last_entry": n - 1, "entries": n, "reason": "entry-above-last",
                             "broker": iv.broker,
@@ -439,7 +434,7 @@ class _FencingCheck:
                 continue
             s["acks_checked"] += iv.n
             for v, m, ok, inv in iv.acks:
-                self.add("beyond-close", lambda: {
+                self.cases["beyond-close"].add(lambda: {
                     "topic": iv.topic, "ledger": iv.ledger, "entry_id": m[1], "closed_last_entry": None,
                     "entries": None, "reason": "ledger-not-listed", "broker": iv.broker,
                     "listed_ledgers": sorted(ids)[:50], "trimmed_before": trimmed_before,
@@ -465,6 +460,8 @@ class _FencingCheck:
         return out
 
     def _ledger_bounds(self, stats: dict[str, Any]) -> None:
+        """The `ledger` workload's claims, per ledger: `inconsistent-close`, then per acknowledged add
+        the first that applies of `ack-after-fence`, `beyond-close` and `lost-entry` (exclusive)."""
         s = {"ledgers": len(set(self.adds) | set(self.recovers)),
              "ok_adds": sum(len(x) for x in self.adds.values()), "adds_without_entry_id": self.adds_no_entry,
              "ok_recovers": sum(len(x) for x in self.recovers.values()),
@@ -487,7 +484,7 @@ class _FencingCheck:
             beyond_read = (sorted(e for e in read if e > close) if read is not None and close is not None
                            else [])
             if len(lasts) > 1 or beyond_read:
-                self.add("inconsistent-close", lambda: {
+                self.cases["inconsistent-close"].add(lambda: {
                     "ledger": ledger, "recovered_last_entries": lasts,
                     "read_entries_beyond_close": beyond_read[:50],
                     "recovers": [full_op(r[2]) for r in recs[:20]],
@@ -505,7 +502,7 @@ class _FencingCheck:
                 if i > 0:
                     last, rop = pmin[i - 1]
                     if entry > last:
-                        self.add("ack-after-fence", lambda: {
+                        self.cases["ack-after-fence"].add(lambda: {
                             "ledger": ledger, "entry_id": entry, "recovered_last_entry": last,
                             "value": jsonable(v),
                             "fenced_at_s": rounded(rop.time_ns / 1e9), "acked_at_s": rounded(t / 1e9),
@@ -513,7 +510,7 @@ class _FencingCheck:
                         continue
                     s["adds_after_fence_inside"] += 1
                 if close is not None and entry > close:
-                    self.add("beyond-close", lambda: {
+                    self.cases["beyond-close"].add(lambda: {
                         "ledger": ledger, "entry_id": entry, "closed_last_entry": close,
                         "value": jsonable(v),
                         "reason": "acked-before-recovery", "acked_at_s": rounded(t / 1e9),
@@ -523,12 +520,12 @@ class _FencingCheck:
                 if read is None:
                     continue
                 if entry not in read:
-                    self.add("lost-entry", lambda: {
+                    self.cases["lost-entry"].add(lambda: {
                         "ledger": ledger, "entry_id": entry, "value": jsonable(v), "reason": "missing",
                         "read_value": None, "closed_last_entry": close, "add": [full_op(inv), full_op(ok)],
                         "final_read": _ref(self.reads[ledger][0])})
                 elif read[entry] != v:
-                    self.add("lost-entry", lambda: {
+                    self.cases["lost-entry"].add(lambda: {
                         "ledger": ledger, "entry_id": entry, "value": jsonable(v), "reason": "different",
                         "read_value": jsonable(read[entry]), "closed_last_entry": close,
                         "add": [full_op(inv), full_op(ok)], "final_read": _ref(self.reads[ledger][0])})

@@ -32,7 +32,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Any
 
-from checkers.toolkit import full_op, jsonable, percentile, rounded
+from checkers.toolkit import Cases, anomalies_of, anomaly_stats, full_op, jsonable, percentile, rounded, verdict
 from core.faults import HEALTHY, FaultTimeline
 from core.history import FAIL, INVOKE, NEMESIS_PROCESS, OK, CheckResult, Op
 
@@ -200,9 +200,7 @@ def _perf(history: list[Op], o: dict[str, Any]) -> CheckResult:
     # ---- availability
     thr = o.get("max_unavailable_s")
     thr_ns = None if thr is None else float(thr) * 1e9
-    cap = o.get("max_anomalies")
-    unavailable: list[dict[str, Any]] = []
-    n_unavailable = 0
+    unavailable = Cases(o.get("max_anomalies"))
     availability: list[dict[str, Any]] = []
     for topic in sorted(topic_win, key=str):
         ts, te = topic_win[topic]
@@ -216,15 +214,13 @@ def _perf(history: list[Op], o: dict[str, Any]) -> CheckResult:
             if g > best[0]:
                 best = (g, prev, t, i)
             if thr_ns is not None and g > thr_ns:
-                n_unavailable += 1
-                if cap is None or len(unavailable) < cap:
-                    unavailable.append({
-                        "topic": topic, "start_s": rounded(prev / 1e9), "end_s": rounded(t / 1e9),
-                        "duration_s": rounded(g / 1e9),
-                        "threshold_s": thr, "states": states.overlap(prev, t),
-                        "edge": "start" if i == 0 else "end" if i == len(times) else None,
-                        "last_ok_before": full_op(ops[i - 1]) if i > 0 else None,
-                        "first_ok_after": full_op(ops[i]) if i < len(ops) else None})
+                unavailable.add(lambda: {
+                    "topic": topic, "start_s": rounded(prev / 1e9), "end_s": rounded(t / 1e9),
+                    "duration_s": rounded(g / 1e9),
+                    "threshold_s": thr, "states": states.overlap(prev, t),
+                    "edge": "start" if i == 0 else "end" if i == len(times) else None,
+                    "last_ok_before": full_op(ops[i - 1]) if i > 0 else None,
+                    "first_ok_after": full_op(ops[i]) if i < len(ops) else None})
             prev = t
         g, s, e, i = best
         availability.append({"topic": topic, "ok_writes": len(times),
@@ -262,7 +258,7 @@ def _perf(history: list[Op], o: dict[str, Any]) -> CheckResult:
                                  "first_ok_after_s": rounded(times[i] / 1e9) if rec is not None else None})
         d["max_recovery_s"] = rounded(worst)
 
-    anomalies = {"unavailable": unavailable} if n_unavailable else {}
+    cases = {"unavailable": unavailable}
     stats: dict[str, Any] = {
         "window_s": [rounded(w0 / 1e9), rounded(w1 / 1e9)],
         "duration_s": rounded((w1 - w0) / 1e9),
@@ -275,13 +271,12 @@ def _perf(history: list[Op], o: dict[str, Any]) -> CheckResult:
                      for t, s in zip(seg_t, seg_s)][:max_rows],
         "max_unavailable_s": thr,
         "write_fs": sorted(write_fs),
-        "anomaly_counts": {"unavailable": n_unavailable} if n_unavailable else {},
-        "anomalies_truncated": ({"unavailable": n_unavailable} if n_unavailable > len(unavailable) else {}),
+        **anomaly_stats(cases),
         "history": {"ops": len(h), "nemesis_ops": n_nem, "final_ops_excluded": final_ops,
                     "orphan_completions": orphans},
         "tables": ["by_state", "availability", "recovery"],
     }
-    return CheckResult(valid=not n_unavailable, anomalies=anomalies, stats=stats)
+    return CheckResult(valid=verdict(cases, ANOMALY_TYPES), anomalies=anomalies_of(cases), stats=stats)
 
 
 def _acc(acc: dict[tuple[str, str], list[Any]], st: str, f: str) -> list[Any]:
