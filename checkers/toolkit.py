@@ -1,8 +1,5 @@
-"""What several checkers share: value and message-id normalisation, position keys, JSON-safe evidence.
-
-Also percentiles and rounding for stats, op references, op-name options, the capped cases of an
-anomaly type with the verdict and stats made from them, and the garbage-collector pause of a check.
-It imports no checker, so every checker may import it and none imports another.
+"""What two or more checkers share: value and message-id normalisation, position keys, evidence, op names,
+stats helpers, the capped cases of an anomaly type and the verdict from them. It imports no checker.
 """
 from __future__ import annotations
 
