@@ -66,8 +66,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from checkers.log import _jsonable, _mid, _mid_json, _norm, _pk, _unpack, gc_paused, op_names
-from core.history import INFO, INVOKE, NEMESIS_PROCESS, OK, CheckResult, MessageId, Op
+from checkers.toolkit import (Cases, OpRefs, anomalies_of, anomaly_stats, gc_paused, jsonable, mid_json, mid_tuple,
+                              norm_value, op_names, partition_of, position_key, unpack_position, verdict)
+from core.history import INFO, INVOKE, NEMESIS_PROCESS, OK, CheckResult, Op
 
 # edge kinds, as bits (Elle's BitRels: ww 1, wr 2, rw 4, process 0x40, realtime 0x80; here the
 # realtime relation is three kinds of edges around the time nodes)
@@ -132,7 +133,9 @@ def check(history: list[Op], opts: dict[str, Any] | None = None) -> CheckResult:
     return r
 
 
-class _Graph:
+class _Graph(OpRefs):
+    ref_key = True                   # a cycle's ops span topics: each reference names its own
+
     def __init__(self, history: list[Op], opts: dict[str, Any]):
         self.h = history
         self.o = opts
@@ -151,7 +154,6 @@ class _Graph:
         self.idx: dict[tuple[str, int], dict[Any, int]] = {}
         self.order_source: dict[str, str] = {}
         self.reused = 0
-        self._index_of: dict[int, int] | None = None
         self.budget = [0]
 
     # ---------------------------------------------------------------------------------- building
@@ -203,7 +205,7 @@ class _Graph:
                 adj_add(lst)
                 v = inv.value if inv is not None else op.value
                 if type(v) is not int:
-                    v = _norm(v)
+                    v = norm_value(v)
                 w = writer.get(op.key)
                 if w is None:
                     w = writer[op.key] = {}
@@ -258,7 +260,7 @@ class _Graph:
         for p, (inv, att) in open_.items():
             if inv.f not in send_fs:
                 continue
-            v = inv.value if type(inv.value) is int else _norm(inv.value)
+            v = inv.value if type(inv.value) is int else norm_value(inv.value)
             w = writer.setdefault(inv.key, {})
             if v in w:
                 continue
@@ -294,12 +296,11 @@ class _Graph:
                     if type(m) is dict:
                         v = m.get("value")
                         if type(v) is not int:
-                            v = _norm(v)
+                            v = norm_value(v)
                         d = m.get("message_id")
-                        part = (d.get("partition", -1) if type(d) is dict else (_mid(d) or (0, 0, -1))[2]
-                                ) if d is not None else -1
+                        part = partition_of(d)
                     else:
-                        v, part = _norm(m), -1
+                        v, part = norm_value(m), -1
                     if v is None:
                         continue
                     self._place(topic, part, v)
@@ -309,18 +310,18 @@ class _Graph:
             for v, n in self.writer.get(topic, {}).items():      # acknowledged positions first
                 op = self.op[n]
                 if op.type == OK and op.message_id is not None:
-                    pk = _pk(op.message_id)
+                    pk = position_key(op.message_id)
                     if pk is not None:
-                        at.setdefault(pk, (v, _part_of(op.message_id)))
+                        at.setdefault(pk, (v, partition_of(op.message_id)))
             for n in by_topic.get(topic, ()):
                 for m in self._messages(self.op[n]):
                     if type(m) is not dict or m.get("message_id") is None:
                         continue
-                    pk = _pk(m["message_id"])
+                    pk = position_key(m["message_id"])
                     v = m.get("value")
                     if pk is not None and v is not None and pk not in at:
-                        at[pk] = (v if type(v) is int else _norm(v), (_mid(m["message_id"]) or (0, 0, -1))[2])
-            for pk in sorted(at, key=_unpack):
+                        at[pk] = (v if type(v) is int else norm_value(v), partition_of(m["message_id"]))
+            for pk in sorted(at, key=unpack_position):
                 v, part = at[pk]
                 self._place(topic, part, v)
 
@@ -364,7 +365,7 @@ class _Graph:
             for m in self._messages(op):
                 v = m.get("value") if type(m) is dict else m
                 if type(v) is not int:
-                    v = _norm(v)
+                    v = norm_value(v)
                 part = _part(m)
                 ix = self.idx.get((topic, part))
                 i = ix.get(v) if ix is not None else None
@@ -401,7 +402,7 @@ class _Graph:
             for m in self._messages(op):
                 v = m.get("value") if type(m) is dict else m
                 if type(v) is not int:
-                    v = _norm(v)
+                    v = norm_value(v)
                 n = w.get(v)
                 if n is not None and n != r:
                     adj[n].append((r << KIND_BITS) | WR)
@@ -726,10 +727,12 @@ class _Graph:
             return base + "-process"
         return base
 
-    def cycles(self) -> tuple[dict[str, list[dict[str, Any]]], dict[str, int], dict[str, Any]]:
-        found: dict[str, list[dict[str, Any]]] = {t: [] for t in ANOMALY_TYPES}
-        counts = {t: 0 for t in ANOMALY_TYPES}
+    def cycles(self) -> tuple[dict[str, Cases], dict[str, Any]]:
+        """The cycles of each type (module docstring): at most one per type and strongly connected
+        component, the same ops not twice; each with its ops, steps and explanation as evidence.
+        Also the search's stats (components, their size, searches the budget cut short)."""
         cap = self.o.get("max_anomalies")
+        cases = {t: Cases(cap) for t in ANOMALY_TYPES}
         rest = self._cyclic_part()
         core = self._core(rest) if rest else []
         comps = self._sccs_all(core) if core else []
@@ -762,49 +765,31 @@ class _Graph:
                     continue
                 seen.add(kind)
                 cycles.add(ops)
-                counts[kind] += 1
-                if cap is None or len(found[kind]) < cap:
-                    found[kind].append(self._cycle_json(kind, steps))
+                cases[kind].add(lambda: self._cycle_json(kind, steps))
             if not seen:                               # the budget ran out: some cycle, classified
                 cut = True
                 steps = self._steps(self._any_cycle(comp), KIND_MASK)
                 kind = self._classify(steps)
-                counts[kind] += 1
-                if cap is None or len(found[kind]) < cap:
-                    found[kind].append(self._cycle_json(kind, steps))
+                cases[kind].add(lambda: self._cycle_json(kind, steps))
             truncated += cut
         stats = {"components": len(comps), "largest_component_ops": max(sizes, default=0),
                  "ops_on_or_between_cycles": sum(1 for n in core if self.op[n] is not None),
                  "searches_cut_short": truncated}
-        return found, counts, stats
+        return cases, stats
 
     # ---------------------------------------------------------------------------------- evidence
-
-    def _index(self, op: Op) -> int:
-        if op.index >= 0:
-            return op.index
-        if self._index_of is None:
-            self._index_of = {id(x): i for i, x in enumerate(self.h)}
-        return self._index_of.get(id(op), -1)
-
-    def _ref(self, op: Op) -> dict[str, Any]:
-        r = {"index": self._index(op), "time_s": round(op.time_ns / 1e9, 6), "process": op.process,
-             "type": op.type, "f": op.f, "key": op.key, "node": op.node or None}
-        if op.error:
-            r["error"] = op.error
-        return r
 
     def _values(self, op: Op) -> list[Any]:
         out = []
         for m in self._messages(op):
             v = m.get("value") if type(m) is dict else m
-            out.append(_jsonable(v if type(v) is int else _norm(v)))
+            out.append(jsonable(v if type(v) is int else norm_value(v)))
         return out
 
     def _label(self, n: int) -> str:
         op = self.op[n]
         if op.f in self.send_fs:
-            return f"{op.f} {_jsonable(op.value)} (p{op.process})"
+            return f"{op.f} {jsonable(op.value)} (p{op.process})"
         vals = self._values(op)
         shown = ", ".join(str(x) for x in vals[:3]) + (", ..." if len(vals) > 3 else "")
         return f"{op.f} [{shown}] (p{op.process})"
@@ -814,19 +799,19 @@ class _Graph:
         if kind == WW:
             ia = self._log_index(oa)
             ib = self._log_index(ob)
-            return (f"{_jsonable(oa.value)} precedes {_jsonable(ob.value)} in the log of {oa.key}"
+            return (f"{jsonable(oa.value)} precedes {jsonable(ob.value)} in the log of {oa.key}"
                     + (f" (positions {ia} and {ib})" if ia is not None and ib is not None else ""))
         if kind == WR:
-            return f"the {ob.f} returned {_jsonable(oa.value)}, which the {oa.f} wrote"
+            return f"the {ob.f} returned {jsonable(oa.value)}, which the {oa.f} wrote"
         if kind == RW:
-            return (f"{oa.f} read {oa.key} up to a value before {_jsonable(ob.value)} and did not see it")
+            return (f"{oa.f} read {oa.key} up to a value before {jsonable(ob.value)} and did not see it")
         if kind == PROC:
             return f"process {oa.process} did {oa.f} before {ob.f}"
         return (f"{oa.f} completed at {oa.time_ns / 1e9:.6f} s, before {ob.f} was invoked at "
                 f"{self.inv_t[b] / 1e9:.6f} s")
 
     def _log_index(self, op: Op) -> int | None:
-        v = op.value if type(op.value) is int else _norm(op.value)
+        v = op.value if type(op.value) is int else norm_value(op.value)
         for (topic, _), ix in self.idx.items():
             if topic == op.key and v in ix:
                 return ix[v]
@@ -838,10 +823,10 @@ class _Graph:
         ops = []
         for n in nodes:
             op = self.op[n]
-            d = {"op": self._ref(op), "topic": op.key}
+            d = {"op": self.ref(op), "topic": op.key}
             if op.f in self.send_fs:
-                d["value"] = _jsonable(op.value if type(op.value) is int else _norm(op.value))
-                d["message_id"] = _mid_json(_mid(op.message_id))
+                d["value"] = jsonable(op.value if type(op.value) is int else norm_value(op.value))
+                d["message_id"] = mid_json(mid_tuple(op.message_id))
             else:
                 vals = self._values(op)
                 d["values"] = vals[:20]
@@ -856,7 +841,8 @@ class _Graph:
     # ------------------------------------------------------------------------------------ verdict
 
     def result(self) -> CheckResult:
-        found, counts, cstats = self.cycles()
+        """The verdict: the cycles found, and the graph's and the search's stats."""
+        cases, cstats = self.cycles()
         o = self.o
         if o.get("invalid") is not None:
             inv = set(o["invalid"])
@@ -864,8 +850,6 @@ class _Graph:
             inv = set(MODELS[o["model"]])
         else:
             inv = set(ANOMALY_TYPES)
-        anomalies = {k: v for k, v in found.items() if counts[k]}
-        valid = not any(counts[k] for k in inv)
         n_ops = sum(1 for x in self.op if x is not None)
         stats = {
             "nodes": {"ops": n_ops, "time": len(self.op) - n_ops,
@@ -877,35 +861,16 @@ class _Graph:
                                    "from_time": self.edges[RT_IN]}},
             "log_order": dict(sorted(self.order_source.items(), key=lambda x: str(x[0]))),
             "reused_values": self.reused,
-            "anomaly_counts": {k: n for k, n in counts.items() if n},
-            "anomalies_truncated": {k: n for k, n in counts.items() if n > len(found[k])},
+            **anomaly_stats(cases),
             "invalid_types": sorted(inv),
             **cstats,
         }
-        return CheckResult(valid=valid, anomalies=anomalies, stats=stats)
-
-
-def _part_of(d: Any) -> int:
-    if type(d) is MessageId:
-        return d.partition
-    if type(d) is dict:
-        p = d.get("partition", -1)
-        return p if type(p) is int else -1
-    mm = _mid(d)
-    return mm[2] if mm is not None else -1
+        return CheckResult(valid=verdict(cases, inv), anomalies=anomalies_of(cases), stats=stats)
 
 
 def _part(m: Any) -> int:
-    if type(m) is not dict:
-        return -1
-    d = m.get("message_id")
-    if d is None:
-        return -1
-    if type(d) is dict:
-        p = d.get("partition", -1)
-        return p if type(p) is int else -1
-    mm = _mid(d)
-    return mm[2] if mm is not None else -1
+    """The partition of a received message (a dict with its message_id); -1 when unknown."""
+    return partition_of(m.get("message_id")) if type(m) is dict else -1
 
 
 def _op_len(cyc: list[int], ops: list[Op | None]) -> int:

@@ -60,7 +60,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from typing import Any
 
-from checkers.log import _jsonable, _mid, _mid_json, _norm, _r
+from checkers.toolkit import (Cases, anomalies_of, anomaly_stats, full_op, jsonable, mid_json, mid_tuple,
+                              norm_value, rounded, verdict)
 from core.history import INVOKE, NEMESIS_PROCESS, OK, CheckResult, Op
 
 INVALID_BY_DEFAULT = ("split-brain", "ledger-multi-writer", "beyond-close", "ack-after-fence",
@@ -83,10 +84,6 @@ def check(history: list[Op], opts: dict[str, Any] | None = None) -> CheckResult:
     c = _FencingCheck(history, o)
     c.scan()
     return c.result()
-
-
-def _op(op: Op | None) -> dict[str, Any] | None:
-    return None if op is None else _jsonable(op.to_json())
 
 
 def _ref(op: Op | None) -> dict[str, Any] | None:
@@ -130,8 +127,8 @@ class _Interval:
 
     def row(self) -> dict[str, Any]:
         return {"topic": self.topic, "partition": self.part, "broker": self.broker or "?",
-                "ledger": self.ledger, "first_ack_s": _r(self.t0 / 1e9), "last_ack_s": _r(self.t1 / 1e9),
-                "acks": self.n}
+                "ledger": self.ledger, "first_ack_s": rounded(self.t0 / 1e9),
+                "last_ack_s": rounded(self.t1 / 1e9), "acks": self.n}
 
 
 class _FencingCheck:
@@ -152,6 +149,8 @@ class _FencingCheck:
         self.adds_no_entry = 0
         self.recovers: dict[str, list[tuple[int, int, Op]]] = {}              # ledger -> (t, last, ok)
         self.recovers_bad = 0
+        self.cases: dict[str, Cases] = {}              # anomaly type -> its cases (made by result)
+        self.unknown: list[str] = []                   # why the verdict can only be "unknown"
 
     # ------------------------------------------------------------------------------------ the pass
 
@@ -187,7 +186,7 @@ class _FencingCheck:
 
     def _send(self, inv: Op | None, op: Op) -> None:
         self.acks += 1
-        m = _mid(op.message_id)
+        m = mid_tuple(op.message_id)
         if m is None:
             self.acks_no_mid += 1
             return
@@ -207,15 +206,15 @@ class _FencingCheck:
         iv.n += 1
         if m[1] > iv.max_entry:
             iv.max_entry = m[1]
-        iv.acks.append((_norm(inv.value if inv is not None else op.value), m, op, inv))
+        iv.acks.append((norm_value(inv.value if inv is not None else op.value), m, op, inv))
 
     def _add(self, inv: Op | None, op: Op) -> None:
-        m = _mid(op.message_id)
+        m = mid_tuple(op.message_id)
         if m is None:
             self.adds_no_entry += 1
             return
         key = str(op.key or (inv.key if inv is not None else ""))
-        v = _norm(inv.value if inv is not None else op.value)
+        v = norm_value(inv.value if inv is not None else op.value)
         self.adds.setdefault(key, []).append((m[1], op.time_ns, v, op, inv))
 
     def _recover(self, inv: Op | None, op: Op) -> None:
@@ -230,37 +229,23 @@ class _FencingCheck:
     # ------------------------------------------------------------------------------------ verdict
 
     def result(self) -> CheckResult:
+        """The verdict: the cases each part finds (into self.cases), its stats, and what was unknown."""
         cap = self.o.get("max_anomalies")
-        found: dict[str, list[Any]] = {k: [] for k in ANOMALY_TYPES}
-        counts: dict[str, int] = {k: 0 for k in ANOMALY_TYPES}
-
-        def add(kind: str, make: Any) -> None:
-            counts[kind] += 1
-            if cap is None or len(found[kind]) < cap:
-                found[kind].append(make())
-
-        self.add = add
-        self.unknown: list[str] = []
+        self.cases = {k: Cases(cap) for k in ANOMALY_TYPES}
+        self.unknown = []
         stats: dict[str, Any] = {}
         self._ownership(stats)
         self._multi_writer()
         self._topic_bounds(stats)
         self._ledger_bounds(stats)
 
-        anomalies = {k: v for k, v in found.items() if counts[k]}
         invalid_types = set(self.o.get("invalid") or ())
-        if any(counts.get(k) for k in invalid_types):
-            valid: bool | str = False
-        elif self.unknown:
-            valid = "unknown"
-        else:
-            valid = True
-        stats["anomaly_counts"] = {k: n for k, n in counts.items() if n}
-        stats["anomalies_truncated"] = {k: n for k, n in counts.items() if n > len(found[k])}
+        stats.update(anomaly_stats(self.cases))
         stats["invalid_types"] = sorted(invalid_types)
         stats["unknown_because"] = self.unknown[:100]
         stats["tables"] = ["ownership"]
-        return CheckResult(valid=valid, anomalies=anomalies, stats=stats)
+        return CheckResult(valid=verdict(self.cases, invalid_types, unknown=bool(self.unknown)),
+                           anomalies=anomalies_of(self.cases), stats=stats)
 
     # ---------------------------------------------------------------------------------- ownership
 
@@ -278,8 +263,8 @@ class _FencingCheck:
                 for msg in rd.value:
                     if not isinstance(msg, dict):
                         continue
-                    m = _mid(msg.get("message_id"))
-                    s = out.setdefault(_norm(msg.get("value")), set())
+                    m = mid_tuple(msg.get("message_id"))
+                    s = out.setdefault(norm_value(msg.get("value")), set())
                     if m is not None:
                         s.add(_pos(m))
         cache[topic] = out
@@ -301,6 +286,8 @@ class _FencingCheck:
         return iv._conflicts
 
     def _ownership(self, stats: dict[str, Any]) -> None:
+        """Part 1's overlaps of two brokers' acknowledgement intervals, judged by `_judge` into
+        `split-brain`, `dual-ownership-benign` or `dual-ownership-unchecked`; the ownership timeline."""
         by_part: dict[tuple[str, int], list[_Interval]] = {}
         for iv in self.iv.values():
             by_part.setdefault((iv.topic, iv.part), []).append(iv)
@@ -344,36 +331,38 @@ class _FencingCheck:
         """Two brokers' overlapping intervals a (earlier start) and b."""
         def iv_json(iv: _Interval) -> dict[str, Any]:
             d = iv.row()
-            d["first_ack"] = _op(iv.first)
-            d["last_ack"] = _op(iv.last)
+            d["first_ack"] = full_op(iv.first)
+            d["last_ack"] = full_op(iv.last)
             return d
 
         base = {"topic": topic, "partition": part, "brokers": [a.broker, b.broker],
                 "ledgers": [a.ledger, b.ledger],
-                "overlap_s": [_r(max(a.t0, b.t0) / 1e9), _r(min(a.t1, b.t1) / 1e9)]}
+                "overlap_s": [rounded(max(a.t0, b.t0) / 1e9), rounded(min(a.t1, b.t1) / 1e9)]}
         log = self._final_log(topic, logs)
         if log is None:
             self.unknown.append(f"overlap of {a.broker} and {b.broker} on {topic} without an ok final read")
-            self.add("dual-ownership-unchecked", lambda: dict(base, intervals=[iv_json(a), iv_json(b)],
-                                                               final_read_attempted=topic in self.read_tried))
+            self.cases["dual-ownership-unchecked"].add(lambda: dict(
+                base, intervals=[iv_json(a), iv_json(b)], final_read_attempted=topic in self.read_tried))
             return
         conflicts = self._conflicts(a, log) + self._conflicts(b, log)
         if not conflicts:
-            self.add("dual-ownership-benign", lambda: dict(base, intervals=[iv_json(a), iv_json(b)]))
+            self.cases["dual-ownership-benign"].add(lambda: dict(base, intervals=[iv_json(a), iv_json(b)]))
             return
 
         def ev() -> dict[str, Any]:
             cs = []
             for c in conflicts[:maxc]:
-                cs.append({"reason": c["reason"], "broker": c["broker"], "value": _jsonable(c["value"]),
-                           "acked_message_id": _mid_json(c["mid"]),
+                cs.append({"reason": c["reason"], "broker": c["broker"], "value": jsonable(c["value"]),
+                           "acked_message_id": mid_json(c["mid"]),
                            "read_positions": [list(p) for p in c["read"]],
-                           "send": [_op(c["inv"]), _op(c["ok"])]})
+                           "send": [full_op(c["inv"]), full_op(c["ok"])]})
             return dict(base, intervals=[iv_json(a), iv_json(b)], conflict_count=len(conflicts),
                         conflicts=cs, final_reads=[_ref(r) for r in self.reads.get(topic, [])])
-        self.add("split-brain", ev)
+        self.cases["split-brain"].add(ev)
 
     def _multi_writer(self) -> None:
+        """`ledger-multi-writer`: a ledger acknowledged by two brokers. Evidence: the ledger, its brokers,
+        topics and each writer's interval with its first and last acknowledgement."""
         by_ledger: dict[int, list[_Interval]] = {}
         for iv in self.iv.values():
             if iv.broker:
@@ -382,14 +371,17 @@ class _FencingCheck:
             if len({iv.broker for iv in ivs}) < 2:
                 continue
             ivs.sort(key=lambda x: x.t0)
-            self.add("ledger-multi-writer", lambda: {
+            self.cases["ledger-multi-writer"].add(lambda: {
                 "ledger": ledger, "brokers": sorted({iv.broker for iv in ivs}),
                 "topics": sorted({str(iv.topic) for iv in ivs}),
-                "writers": [dict(iv.row(), first_ack=_op(iv.first), last_ack=_op(iv.last)) for iv in ivs]})
+                "writers": [dict(iv.row(), first_ack=full_op(iv.first), last_ack=full_op(iv.last))
+                            for iv in ivs]})
 
     # ---------------------------------------------------------------------------------- ledger bounds
 
     def _topic_bounds(self, stats: dict[str, Any]) -> None:
+        """`beyond-close` of topics: acknowledged sends above their ledger's last listed entry, or in a
+        ledger the topic's `ledgers` op should list and does not; the ledger lists' stats."""
         listed: dict[int, tuple[int, str, Op]] = {}            # ledger -> (entries, topic, op)
         per_topic: dict[str, tuple[set[int], int | None, Op]] = {}
         malformed = 0
@@ -420,11 +412,11 @@ class _FencingCheck:
                     continue
                 for v, m, ok, inv in iv.acks:
                     if m[1] > n - 1:
-                        self.add("beyond-close", lambda: {
+                        self.cases["beyond-close"].add(lambda: {
                             "topic": iv.topic, "ledger": iv.ledger, "entry_id": m[1],
                             "closed_last_entry": n - 1, "entries": n, "reason": "entry-above-last",
                             "broker": iv.broker,
-                            "value": _jsonable(v), "send": [_op(inv), _op(ok)], "ledgers_op": _ref(lop)})
+                            "value": jsonable(v), "send": [full_op(inv), full_op(ok)], "ledgers_op": _ref(lop)})
                 continue
             info = per_topic.get(iv.topic)
             if info is None and iv.part >= 0:
@@ -442,11 +434,11 @@ class _FencingCheck:
                 continue
             s["acks_checked"] += iv.n
             for v, m, ok, inv in iv.acks:
-                self.add("beyond-close", lambda: {
+                self.cases["beyond-close"].add(lambda: {
                     "topic": iv.topic, "ledger": iv.ledger, "entry_id": m[1], "closed_last_entry": None,
                     "entries": None, "reason": "ledger-not-listed", "broker": iv.broker,
                     "listed_ledgers": sorted(ids)[:50], "trimmed_before": trimmed_before,
-                    "value": _jsonable(v), "send": [_op(inv), _op(ok)], "ledgers_op": _ref(lop)})
+                    "value": jsonable(v), "send": [full_op(inv), full_op(ok)], "ledgers_op": _ref(lop)})
 
     def _read_entries(self, ledger: str) -> dict[int, Any] | None:
         reads = self.reads.get(ledger)
@@ -461,13 +453,15 @@ class _FencingCheck:
                     continue
                 eid = _int(e.get("entry_id"))
                 if eid is None:
-                    m = _mid(e.get("message_id"))
+                    m = mid_tuple(e.get("message_id"))
                     eid = m[1] if m is not None else None
                 if eid is not None:
-                    out.setdefault(eid, _norm(e.get("value")))
+                    out.setdefault(eid, norm_value(e.get("value")))
         return out
 
     def _ledger_bounds(self, stats: dict[str, Any]) -> None:
+        """The `ledger` workload's claims, per ledger: `inconsistent-close`, then per acknowledged add
+        the first that applies of `ack-after-fence`, `beyond-close` and `lost-entry` (exclusive)."""
         s = {"ledgers": len(set(self.adds) | set(self.recovers)),
              "ok_adds": sum(len(x) for x in self.adds.values()), "adds_without_entry_id": self.adds_no_entry,
              "ok_recovers": sum(len(x) for x in self.recovers.values()),
@@ -490,10 +484,10 @@ class _FencingCheck:
             beyond_read = (sorted(e for e in read if e > close) if read is not None and close is not None
                            else [])
             if len(lasts) > 1 or beyond_read:
-                self.add("inconsistent-close", lambda: {
+                self.cases["inconsistent-close"].add(lambda: {
                     "ledger": ledger, "recovered_last_entries": lasts,
                     "read_entries_beyond_close": beyond_read[:50],
-                    "recovers": [_op(r[2]) for r in recs[:20]],
+                    "recovers": [full_op(r[2]) for r in recs[:20]],
                     "final_read": _ref(self.reads[ledger][0]) if beyond_read else None})
             # prefix minimum of last_entry over recoveries in completion order
             times = [r[0] for r in recs]
@@ -508,30 +502,30 @@ class _FencingCheck:
                 if i > 0:
                     last, rop = pmin[i - 1]
                     if entry > last:
-                        self.add("ack-after-fence", lambda: {
+                        self.cases["ack-after-fence"].add(lambda: {
                             "ledger": ledger, "entry_id": entry, "recovered_last_entry": last,
-                            "value": _jsonable(v),
-                            "fenced_at_s": _r(rop.time_ns / 1e9), "acked_at_s": _r(t / 1e9),
-                            "add": [_op(inv), _op(ok)], "recover": _op(rop)})
+                            "value": jsonable(v),
+                            "fenced_at_s": rounded(rop.time_ns / 1e9), "acked_at_s": rounded(t / 1e9),
+                            "add": [full_op(inv), full_op(ok)], "recover": full_op(rop)})
                         continue
                     s["adds_after_fence_inside"] += 1
                 if close is not None and entry > close:
-                    self.add("beyond-close", lambda: {
+                    self.cases["beyond-close"].add(lambda: {
                         "ledger": ledger, "entry_id": entry, "closed_last_entry": close,
-                        "value": _jsonable(v),
-                        "reason": "acked-before-recovery", "acked_at_s": _r(t / 1e9),
-                        "add": [_op(inv), _op(ok)],
-                        "recover": _op(next(r[2] for r in recs if r[1] == close))})
+                        "value": jsonable(v),
+                        "reason": "acked-before-recovery", "acked_at_s": rounded(t / 1e9),
+                        "add": [full_op(inv), full_op(ok)],
+                        "recover": full_op(next(r[2] for r in recs if r[1] == close))})
                     continue
                 if read is None:
                     continue
                 if entry not in read:
-                    self.add("lost-entry", lambda: {
-                        "ledger": ledger, "entry_id": entry, "value": _jsonable(v), "reason": "missing",
-                        "read_value": None, "closed_last_entry": close, "add": [_op(inv), _op(ok)],
+                    self.cases["lost-entry"].add(lambda: {
+                        "ledger": ledger, "entry_id": entry, "value": jsonable(v), "reason": "missing",
+                        "read_value": None, "closed_last_entry": close, "add": [full_op(inv), full_op(ok)],
                         "final_read": _ref(self.reads[ledger][0])})
                 elif read[entry] != v:
-                    self.add("lost-entry", lambda: {
-                        "ledger": ledger, "entry_id": entry, "value": _jsonable(v), "reason": "different",
-                        "read_value": _jsonable(read[entry]), "closed_last_entry": close,
-                        "add": [_op(inv), _op(ok)], "final_read": _ref(self.reads[ledger][0])})
+                    self.cases["lost-entry"].add(lambda: {
+                        "ledger": ledger, "entry_id": entry, "value": jsonable(v), "reason": "different",
+                        "read_value": jsonable(read[entry]), "closed_last_entry": close,
+                        "add": [full_op(inv), full_op(ok)], "final_read": _ref(self.reads[ledger][0])})

@@ -52,15 +52,15 @@ log factor per receive for the time frontier), the memory linear in distinct mes
 """
 from __future__ import annotations
 
-import gc
 import math
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from operator import attrgetter
 from typing import Any
 
+from checkers.toolkit import (BATCH_LIMIT, ENTRY_LIMIT, Cases, Mid, OpRefs, anomalies_of, anomaly_stats,
+                              gc_paused, jsonable, mid_json, mid_tuple, norm_value, op_names, partition_of,
+                              percentile, position_key, redelivery_count, rounded, unpack_position, verdict)
 from core.faults import FaultTimeline
 from core.history import FAIL, INFO, INVOKE, NEMESIS_PROCESS, OK, CheckResult, MessageId, Op
 
@@ -74,10 +74,11 @@ INVALID_BY_SUBSCRIPTION: dict[str, tuple[str, ...]] = {
     "Shared": (),
 }
 SUBSCRIPTION_TYPES = tuple(INVALID_BY_SUBSCRIPTION)
+# The anomaly types of consumer order (the walk over the deliveries finds them).
+ORDER_TYPES = ("nonmonotonic-poll", "poll-skip", "nonmonotonic-subscription", "nonmonotonic-key", "key-overlap")
 # Every anomaly type this checker can report, invalidating or informational.
 ANOMALY_TYPES = ("lost", "unexpected", "divergence", "nonmonotonic-send", "duplicate", "aborted-read",
-                 "misplaced", "nonmonotonic-read", "unseen", "nonmonotonic-poll", "poll-skip",
-                 "nonmonotonic-subscription", "nonmonotonic-key", "key-overlap")
+                 "misplaced", "nonmonotonic-read", "unseen") + ORDER_TYPES
 
 DEFAULTS: dict[str, Any] = {
     # anomaly types that make `valid` False; None: INVALID_BY_DEFAULT plus
@@ -102,26 +103,9 @@ def check(history: list[Op], opts: dict[str, Any] | None = None) -> CheckResult:
     with gc_paused():
         c = _LogCheck(history, o)
         c.scan()
-        c.consumer_order()
         r = c.result()
         del c                       # freed before the collector is back, which then has less to walk
     return r
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector off for the duration (restored after).
-
-    A check allocates millions of small tuples and dicts next to a history of millions of objects;
-    every full collection walks all of them, which doubled the time of a 1,000,000-op check. The
-    checkers make no reference cycles worth collecting, so nothing is lost by pausing it."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def subscription_type(name: Any) -> str:
@@ -133,140 +117,14 @@ def subscription_type(name: Any) -> str:
     raise ValueError(f"unknown subscription_type {name!r}; fix: use one of {', '.join(SUBSCRIPTION_TYPES)}")
 
 
-# ---------------------------------------------------------------------------------------- helpers
-
-def _norm(v: Any) -> Any:
-    """A message value as a hashable, comparable key: ints stay ints, strings of ints become ints."""
-    if type(v) is int:
-        return v
-    if isinstance(v, str):
-        s = v.strip()
-        try:
-            return int(s)
-        except ValueError:
-            return v
-    if isinstance(v, bytes):
-        return _norm(v.decode("utf-8", "replace"))
-    if isinstance(v, bool) or v is None:
-        return v
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    if isinstance(v, (int, float)):
-        return v
-    return repr(v)        # unhashable or odd: still comparable as text
-
-
-def _mid(d: Any) -> tuple[int, int, int, int] | None:
-    """(ledger, entry, partition, batch_index) from a dict, list, MessageId or "(l,e,p,b)" string."""
-    if d is None:
-        return None
-    try:
-        if isinstance(d, dict):
-            return (int(d["ledger_id"]), int(d["entry_id"]), int(d.get("partition", -1)),
-                    int(d.get("batch_index", -1)))
-        if isinstance(d, MessageId):
-            return (d.ledger_id, d.entry_id, d.partition, d.batch_index)
-        if isinstance(d, str):
-            d = [x for x in d.strip("()[] ").replace(":", ",").split(",") if x.strip()]
-        if isinstance(d, (list, tuple)) and 2 <= len(d) <= 4:
-            t = [int(x) for x in d] + [-1] * (4 - len(d))
-            return (t[0], t[1], t[2], t[3])
-    except (KeyError, TypeError, ValueError):
-        return None
-    return None
-
-
-def _mid_json(m: tuple[int, int, int, int] | None) -> dict[str, int] | None:
-    if m is None:
-        return None
-    return {"ledger_id": m[0], "entry_id": m[1], "partition": m[2], "batch_index": m[3]}
-
-
-def _jsonable(v: Any) -> Any:
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return v
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (set, frozenset)):
-        try:
-            return sorted(_jsonable(x) for x in v)
-        except TypeError:
-            return [_jsonable(x) for x in v]
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, MessageId):
-        return _mid_json(_mid(v))
-    if isinstance(v, bytes):
-        return v.decode("utf-8", "replace")
-    return str(v)
-
-
-def _pct(sorted_vals: list[float], q: float) -> float | None:
-    """Nearest-rank percentile of an ascending list."""
-    n = len(sorted_vals)
-    if n == 0:
-        return None
-    return sorted_vals[min(n - 1, max(0, math.ceil(q * n) - 1))]
-
-
-def _r(x: float | None, nd: int = 3) -> float | None:
-    return None if x is None else round(x, nd)
-
-
 _NONE = object()
-_B32 = 1 << 32
-_B16 = 1 << 16
-
-
-def _pk(d: Any) -> Any:
-    """A position's key, ordered as the log is: one int (ledger, entry, batch index -1 read as 0) when
-    the parts fit, else the tuple; None when `d` is not a message id. The partition is left out."""
-    if type(d) is dict:
-        try:
-            l, e = d["ledger_id"], d["entry_id"]
-            b = d.get("batch_index", -1)
-        except KeyError:
-            return None
-        if type(l) is not int or type(e) is not int or type(b) is not int:
-            m = _mid(d)
-            if m is None:
-                return None
-            l, e, b = m[0], m[1], m[3]
-    elif type(d) is MessageId:
-        l, e, b = d.ledger_id, d.entry_id, d.batch_index
-    else:
-        m = _mid(d)
-        if m is None:
-            return None
-        l, e, b = m[0], m[1], m[3]
-    if b < 0:
-        b = 0
-    if l >= 0 and 0 <= e < _B32 and b < _B16:
-        return ((l << 32) | e) << 16 | b
-    return (l, e, b)
-
-
-def _unpack(pk: Any) -> tuple[int, int, int]:
-    if type(pk) is int:
-        return (pk >> 48, (pk >> 16) & 0xFFFFFFFF, pk & 0xFFFF)
-    return pk
 
 
 def _before(a: Any, b: Any) -> bool:
     """Position a lies before position b in the log."""
     if type(a) is int and type(b) is int:
         return a < b
-    return _unpack(a) < _unpack(b)
-
-
-def _partition(d: Any) -> int:
-    if type(d) is dict:
-        p = d.get("partition", -1)
-        return p if type(p) is int else (_mid(d) or (0, 0, -1))[2]
-    if type(d) is MessageId:
-        return d.partition
-    m = _mid(d)
-    return m[2] if m is not None else -1
+    return unpack_position(a) < unpack_position(b)
 
 
 def _msg_at(op: Op, slot: int) -> Any:
@@ -282,36 +140,12 @@ def _msg_at(op: Op, slot: int) -> Any:
 # An observation of a value at a position: (source "send" | "receive" | "read", op, slot in the op's
 # message list, -1 for a send's acknowledgement). Message ids are looked up again for evidence only.
 Obs = tuple[str, Op, int]
-
-
-def op_names(opts: dict[str, Any]) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
-    """The f names of sends, receives and final reads from opts["send"/"receive"/"read"]; a name is
-    counted in the first of the three that lists it."""
-    send = frozenset(opts.get("send") or ())
-    recv = frozenset(opts.get("receive") or ()) - send
-    return send, recv, frozenset(opts.get("read") or ()) - send - recv
-
-
-class OpRefs:
-    """Evidence references to ops: index (found by identity when an op has none), time, process, f."""
-    h: list[Op]
-    _index_of: dict[int, int] | None = None
-
-    def _index(self, op: Op) -> int:
-        if op.index >= 0:
-            return op.index
-        if self._index_of is None:
-            self._index_of = {id(x): i for i, x in enumerate(self.h)}
-        return self._index_of.get(id(op), -1)
-
-    def _ref(self, op: Op | None) -> dict[str, Any] | None:
-        if op is None:
-            return None
-        r = {"index": self._index(op), "time_s": round(op.time_ns / 1e9, 6), "process": op.process,
-             "type": op.type, "f": op.f, "node": op.node or None}
-        if op.error:
-            r["error"] = op.error
-        return r
+# A topic's log order: (source "final-read" | "positions", partition -> value -> index, partition -> values).
+Order = tuple[str, dict[int, dict[Any, int]], dict[int, list[Any]]]
+# A delivery placed in the log order: (log index, receive op, slot, value, redelivery count).
+Deliv = tuple[int, Op, int, Any, int]
+# topic -> (values whose send failed, values whose send ended info or never completed).
+Unacked = dict[str, tuple[list[Any], list[Any]]]
 
 
 class _LogCheck(OpRefs):
@@ -366,10 +200,6 @@ class _LogCheck(OpRefs):
         self.faults = FaultTimeline()
         self.t_min: int | None = None
         self.t_max = 0
-        self._index_of: dict[int, int] | None = None
-        self.ofound: dict[str, list[Any]] = {}
-        self.ocounts: dict[str, int] = {}
-        self.order_stats: dict[str, Any] = {}
 
     def _sub_type(self, topic: str) -> str:
         return self.sub_types.get(topic, self.sub_default)
@@ -425,7 +255,7 @@ class _LogCheck(OpRefs):
         topic = op.key
         v = op.value
         if type(v) is not int:
-            v = _norm(v)
+            v = norm_value(v)
         by_v = self.sends.get(topic)
         if by_v is None:
             by_v = self.sends[topic] = {}
@@ -450,7 +280,7 @@ class _LogCheck(OpRefs):
         else:
             value = inv.value if inv is not None else op.value
             if type(value) is not int:
-                value = _norm(value)
+                value = norm_value(value)
             by_v = self.sends.get(topic)
             if by_v is None:
                 by_v = self.sends[topic] = {}
@@ -475,7 +305,7 @@ class _LogCheck(OpRefs):
             self.ok_lat.append(op.time_ns - inv.time_ns)
         self.ok_done.append(op.time_ns)
         d = op.message_id
-        pk = _pk(d) if d is not None else None
+        pk = position_key(d) if d is not None else None
         if pk is None:
             self.ok_without_id += 1
             return
@@ -483,7 +313,7 @@ class _LogCheck(OpRefs):
         if value is _NONE:
             value = inv.value
             if type(value) is not int:
-                value = _norm(value)
+                value = norm_value(value)
         pos_t = self.pos.get(topic)
         if pos_t is None:
             pos_t = self.pos[topic] = {}
@@ -492,7 +322,7 @@ class _LogCheck(OpRefs):
             pos_t[pk] = (value, ("send", op, -1))
         elif cur[0] != value:
             self._conflict(topic, pk, cur, value, ("send", op, -1))
-        k = (op.process, topic, d.partition if type(d) is MessageId else _partition(d))
+        k = (op.process, topic, d.partition if type(d) is MessageId else partition_of(d))
         last = self.last_send.get(k)
         if last is not None:
             lp = last[0]
@@ -530,18 +360,15 @@ class _LogCheck(OpRefs):
             if type(m) is dict:
                 v = m.get("value")
                 if type(v) is not int:
-                    v = _norm(v)
+                    v = norm_value(v)
                 d = m.get("message_id")
                 rc = m.get("redelivery_count") or 0
                 if type(rc) is not int:
-                    try:
-                        rc = int(rc)
-                    except (TypeError, ValueError):
-                        rc = 0
+                    rc = redelivery_count(rc)
                 key = m.get("key")
                 sub = m.get("subscription", "")
             else:
-                v, d, rc, key, sub = _norm(m), None, 0, None, ""
+                v, d, rc, key, sub = norm_value(m), None, 0, None, ""
             if v is None:
                 self._bad(op, f"message {j} has no value")
                 continue
@@ -554,19 +381,19 @@ class _LogCheck(OpRefs):
             else:
                 obs = first[v] = ("receive", op, j)
             if type(d) is dict:
-                # _pk and _partition inlined for the common spelling of a message id
+                # position_key and partition_of inlined for the common spelling of a message id
                 lg, e, b = d.get("ledger_id"), d.get("entry_id"), d.get("batch_index", -1)
-                if type(lg) is int and type(e) is int and type(b) is int and lg >= 0 and 0 <= e < _B32 \
-                        and b < _B16:
+                if type(lg) is int and type(e) is int and type(b) is int and lg >= 0 and 0 <= e < ENTRY_LIMIT \
+                        and b < BATCH_LIMIT:
                     pk = ((lg << 32) | e) << 16 | (b if b > 0 else 0)
                 else:
-                    pk = _pk(d)
+                    pk = position_key(d)
                 part = d.get("partition", -1) if pk is not None else -1
                 if type(part) is not int:
-                    part = _partition(d)
+                    part = partition_of(d)
             elif d is not None:
-                pk = _pk(d)
-                part = _partition(d) if pk is not None else -1
+                pk = position_key(d)
+                part = partition_of(d) if pk is not None else -1
             else:
                 pk, part = None, -1
             # _seen, inlined: the usual case is a position already known with this value (the ack)
@@ -609,18 +436,18 @@ class _LogCheck(OpRefs):
             if type(m) is dict:
                 v = m.get("value")
                 if type(v) is not int:
-                    v = _norm(v)
+                    v = norm_value(v)
                 d = m.get("message_id")
             else:
-                v, d = _norm(m), None
+                v, d = norm_value(m), None
             if v is None:
                 self._bad(op, f"message {j} has no value")
                 continue
             if d is None:
                 part, pk = -1, None
             else:
-                part = d.get("partition", -1) if type(d) is dict else _partition(d)
-                pk = _pk(d)
+                part = d.get("partition", -1) if type(d) is dict else partition_of(d)
+                pk = position_key(d)
             if part != cur_part:
                 ix = idx.get(part)
                 if ix is None:
@@ -639,10 +466,10 @@ class _LogCheck(OpRefs):
                     lp = prev[0]
                     if (pk < lp) if (type(pk) is int and type(lp) is int) else _before(pk, lp):
                         self.nonmono_read.append({
-                            "topic": topic, "partition": part, "read": self._ref(op),
-                            "previous": {"slot": prev[1], "value": _jsonable(prev[2]),
-                                         "message_id": _mid_json(_mid(prev[3]))},
-                            "next": {"slot": j, "value": _jsonable(v), "message_id": _mid_json(_mid(d))}})
+                            "topic": topic, "partition": part, "read": self.ref(op),
+                            "previous": {"slot": prev[1], "value": jsonable(prev[2]),
+                                         "message_id": mid_json(mid_tuple(prev[3]))},
+                            "next": {"slot": j, "value": jsonable(v), "message_id": mid_json(mid_tuple(d))}})
                     elif pk == prev[0]:
                         self.read_repeats += 1
                 last[part] = (pk, j, v, d)
@@ -691,11 +518,11 @@ class _LogCheck(OpRefs):
     def _bad(self, op: Op, why: str) -> None:
         self.malformed_n += 1
         if len(self.malformed) < 20:
-            self.malformed.append({"op": self._ref(op), "why": why})
+            self.malformed.append({"op": self.ref(op), "why": why})
 
     # ----------------------------------------------------------------------------- consumer order
 
-    def _log_order(self, topic: str) -> tuple[str, dict[int, dict[Any, int]], dict[int, list[Any]]]:
+    def _log_order(self, topic: str) -> Order:
         """(source, partition -> value -> index, partition -> values) of a topic's log: its longest ok
         final read, else every observed position in order (one sequence, partition -1)."""
         reads = self.reads.get(topic)
@@ -704,39 +531,49 @@ class _LogCheck(OpRefs):
             return "final-read", reads[best][3], reads[best][4]
         pos_t = self.pos.get(topic) or {}
         ix, vl = {}, []
-        for pk in sorted(pos_t, key=_unpack):
+        for pk in sorted(pos_t, key=unpack_position):
             v = pos_t[pk][0]
             if v not in ix:
                 ix[v] = len(vl)
                 vl.append(v)
         return "positions", {-1: ix}, {-1: vl}
 
-    def consumer_order(self) -> None:
-        """The order claims of the subscription types (module docstring), over self.deliveries."""
-        cap = self.o.get("max_anomalies")
-        found = self.ofound = {k: [] for k in ("nonmonotonic-poll", "poll-skip", "nonmonotonic-subscription",
-                                               "nonmonotonic-key", "key-overlap")}
-        counts = self.ocounts = {k: 0 for k in found}
-
-        def add(kind: str, make) -> None:
-            counts[kind] += 1
-            if cap is None or len(found[kind]) < cap:
-                found[kind].append(make())
-
+    def order_cases(self, cap: int | None) -> tuple[dict[str, Cases], dict[str, Any]]:
+        """The consumer-order anomalies of the subscription types (module docstring), by type in
+        `ORDER_TYPES` order, and the stats of the walk over the deliveries that finds them."""
+        cases = {k: Cases(cap) for k in ORDER_TYPES}
         types = {topic: self._sub_type(topic) for topic in self.recv_topics}
-        self.order_stats = st = {"subscription_types": dict(sorted(types.items(), key=lambda x: str(x[0]))),
-                                 "log_order": {}, "deliveries": 0, "first_deliveries": 0, "redeliveries": 0,
-                                 "not_in_log": 0, "consumers": 0, "keys": 0}
-        orders: dict[str, tuple[str, dict[int, dict[Any, int]], dict[int, list[Any]]]] = {}
+        st = {"subscription_types": dict(sorted(types.items(), key=lambda x: str(x[0]))),
+              "log_order": {}, "deliveries": 0, "first_deliveries": 0, "redeliveries": 0,
+              "not_in_log": 0, "consumers": 0, "keys": 0}
+        orders: dict[str, Order] = {}
         for topic, t in types.items():
             if t != "Shared":
                 orders[topic] = self._log_order(topic)
                 st["log_order"][topic] = orders[topic][0]
         if not orders:
-            return
+            return cases, st
+        marks, gaps, overlap, counts = self._order_walk(orders, types, cases)
+        cases["poll-skip"] = self.poll_skip_cases(cap, orders, marks, gaps)
+        cases["key-overlap"] = self.key_overlap_cases(cap, overlap)
+        st.update(counts)
+        return cases, st
+
+    def _order_walk(self, orders: dict[str, Order], types: dict[str, str], cases: dict[str, Cases]
+                    ) -> tuple[dict[tuple[Any, ...], bytearray], list[tuple[Any, ...]],
+                               dict[tuple[Any, ...], list[list[Any]]], dict[str, int]]:
+        """One walk over the deliveries in completion order that finds the anomalies needing its running
+        state, into `cases`: `nonmonotonic-poll`, `nonmonotonic-subscription` (Exclusive, Failover) and
+        `nonmonotonic-key` (Key_Shared), each with the two deliveries as evidence. A walk per type would
+        repeat the work of placing every delivery in the log, so they share this one. It returns what
+        the other two finders need: the log indexes each subscription received (bytearrays per
+        (topic, subscription, partition)), the consumers' gaps (poll-skip candidates), the first
+        deliveries of each key per receive (key-overlap), and the delivery counts for stats."""
+        poll, subscription, by_key = (cases["nonmonotonic-poll"], cases["nonmonotonic-subscription"],
+                                      cases["nonmonotonic-key"])
         marks: dict[tuple[Any, ...], bytearray] = {}        # (topic, sub, part) -> received by the subscription
-        cons: dict[tuple[Any, ...], tuple[int, Op, int, Any, int]] = {}   # consumer -> its last delivery
-        gaps: list[tuple[tuple[Any, ...], tuple[int, Op, int, Any, int], tuple[int, Op, int, Any, int]]] = []
+        cons: dict[tuple[Any, ...], Deliv] = {}             # consumer -> its last delivery
+        gaps: list[tuple[tuple[Any, ...], Deliv, Deliv]] = []
         # time frontier per subscription (Exclusive/Failover) or (subscription, key) (Key_Shared):
         # [completion times, running max of first-delivery index, the delivery holding that max]
         fronts: dict[tuple[Any, ...], list[list[Any]]] = {}
@@ -780,7 +617,7 @@ class _LogCheck(OpRefs):
                     cur = cons.get(ck)
                     if cur is not None and not again:
                         if i < cur[0]:
-                            add("nonmonotonic-poll", lambda: self._order_json(
+                            poll.add(lambda: self._order_json(
                                 "consumer", topic, part, sub, None, cur, d, source))
                         elif i > cur[0] + 1:
                             gaps.append((sk, cur, d))
@@ -808,15 +645,15 @@ class _LogCheck(OpRefs):
                     if k >= 0 and fr[1][k] > i:
                         e = fr[2][k]
                         if not exclusive:
-                            add("nonmonotonic-key", lambda: self._order_json(
+                            by_key.add(lambda: self._order_json(
                                 "key", topic, part, sub, key, e, d, source))
                         elif e[1].process != proc:
-                            add("nonmonotonic-subscription", lambda: self._order_json(
+                            subscription.add(lambda: self._order_json(
                                 "subscription", topic, part, sub, None, e, d, source))
                 lo = local.get(fk)
                 if lo is not None and not exclusive and i < lo[0]:
                     e = lo[1]
-                    add("nonmonotonic-key", lambda: self._order_json(
+                    by_key.add(lambda: self._order_json(
                         "key", topic, part, sub, key, e, d, source))
                 if lo is None or i > lo[0]:
                     local[fk] = (i, d)
@@ -832,7 +669,16 @@ class _LogCheck(OpRefs):
                     fr[0].append(t_done)
                     fr[1].append(fr[1][-1])
                     fr[2].append(fr[2][-1])
-        # poll-skip: a gap that holds a message the subscription never received
+        counts = {"deliveries": n, "first_deliveries": first_n, "redeliveries": redeliv_n, "not_in_log": unplaced,
+                  "consumers": len(users), "keys": len(overlap)}
+        return marks, gaps, overlap, counts
+
+    def poll_skip_cases(self, cap: int | None, orders: dict[str, Order], marks: dict[tuple[Any, ...], bytearray],
+                        gaps: list[tuple[tuple[Any, ...], Deliv, Deliv]]) -> Cases:
+        """`poll-skip` (Exclusive, Failover): between two consecutive deliveries to a consumer the log
+        holds a message that the subscription never received, through any consumer. Evidence: the
+        consumer's two deliveries, the count of skipped messages and the first ten skipped values."""
+        cases = Cases(cap)
         for sk, a, b in gaps:
             mk = marks[sk]
             lo, hi = a[0] + 1, b[0]
@@ -841,9 +687,16 @@ class _LogCheck(OpRefs):
             topic, sub, part = sk
             src, _, vals = orders[topic]
             missed = [vals[part][x] for x in range(lo, hi) if not mk[x]]
-            add("poll-skip", lambda: dict(self._order_json("consumer", topic, part, sub, None, a, b, src),
-                                          skipped=len(missed), skipped_values=[_jsonable(x) for x in missed[:10]]))
-        # key-overlap: B's receive of b (key k) completed before A's receive of an earlier a (key k)
+            cases.add(lambda: dict(self._order_json("consumer", topic, part, sub, None, a, b, src),
+                                   skipped=len(missed), skipped_values=[jsonable(x) for x in missed[:10]]))
+        return cases
+
+    def key_overlap_cases(self, cap: int | None, overlap: dict[tuple[Any, ...], list[list[Any]]]) -> Cases:
+        """`key-overlap` (Key_Shared): consumer B's receive of b completed before consumer A's receive of
+        a, where a and b are first deliveries of one key and a lies before b in the log, so both held
+        the key unacknowledged at once. Evidence: topic, partition, subscription, key, and the two
+        deliveries (first: A's, second: B's) with their receives' invoke and completion times."""
+        cases = Cases(cap)
         for (sk, key), ov in overlap.items():
             ov.sort(key=lambda x: -x[1])            # latest completion first
             best1 = best2 = None                    # lowest index among later completions, 2 processes
@@ -858,8 +711,8 @@ class _LogCheck(OpRefs):
                     cand = best1 if best1 is not None and best1[2] != e[2] else best2
                     if cand is not None and cand[4][0] < e[5][0]:
                         a = cand
-                        add("key-overlap", lambda: {
-                            "topic": sk[0], "partition": sk[2], "subscription": sk[1], "key": _jsonable(key),
+                        cases.add(lambda: {
+                            "topic": sk[0], "partition": sk[2], "subscription": sk[1], "key": jsonable(key),
                             "first": self._overlap_json(a, a[4]), "second": self._overlap_json(e, e[5])})
                 for e in group:
                     if best1 is None or e[4][0] < best1[4][0]:
@@ -868,15 +721,13 @@ class _LogCheck(OpRefs):
                         best1 = e
                     elif e[2] != best1[2] and (best2 is None or e[4][0] < best2[4][0]):
                         best2 = e
-        st.update(deliveries=n, first_deliveries=first_n, redeliveries=redeliv_n, not_in_log=unplaced,
-                  consumers=len(users), keys=len(overlap))
+        return cases
 
-    def _order_json(self, scope: str, topic: str, part: int, sub: Any, key: Any,
-                    a: tuple[int, Op, int, Any, int], b: tuple[int, Op, int, Any, int],
+    def _order_json(self, scope: str, topic: str, part: int, sub: Any, key: Any, a: Deliv, b: Deliv,
                     source: str) -> dict[str, Any]:
         out = {"topic": topic, "partition": part, "subscription": sub}
         if scope == "key":
-            out["key"] = _jsonable(key)
+            out["key"] = jsonable(key)
         if scope == "consumer":
             out["consumer"] = b[1].process
             out["previous"], out["next"] = self._deliv_json(a), self._deliv_json(b)
@@ -885,29 +736,29 @@ class _LogCheck(OpRefs):
         out["log_order"] = source
         return out
 
-    def _deliv_json(self, d: tuple[int, Op, int, Any, int]) -> dict[str, Any]:
+    def _deliv_json(self, d: Deliv) -> dict[str, Any]:
         i, op, j, v, rc = d
         m = _msg_at(op, j)
-        return {"value": _jsonable(v), "log_index": i,
-                "message_id": _mid_json(_mid(m.get("message_id"))) if isinstance(m, dict) else None,
-                "redelivery_count": rc, "op": self._ref(op), "slot": j}
+        return {"value": jsonable(v), "log_index": i,
+                "message_id": mid_json(mid_tuple(m.get("message_id"))) if isinstance(m, dict) else None,
+                "redelivery_count": rc, "op": self.ref(op), "slot": j}
 
     def _overlap_json(self, e: list[Any], d: tuple[int, int, Any]) -> dict[str, Any]:
         t_inv, t_done, proc, op = e[:4]
         i, j, v = d
-        return {"consumer": proc, "value": _jsonable(v), "log_index": i, "slot": j, "op": self._ref(op),
+        return {"consumer": proc, "value": jsonable(v), "log_index": i, "slot": j, "op": self.ref(op),
                 "invoke_s": round(t_inv / 1e9, 6), "complete_s": round(t_done / 1e9, 6)}
 
     # ---------------------------------------------------------------------------------- evidence
 
     def _send_json(self, rec: list[Any]) -> dict[str, Any]:
         inv, comp = rec[0], rec[1]
-        out = {"topic": inv.key, "value": _jsonable(_norm(inv.value)),
+        out = {"topic": inv.key, "value": jsonable(norm_value(inv.value)),
                "outcome": comp.type if comp is not None else None,
-               "message_id": _mid_json(_mid(comp.message_id)) if comp is not None else None,
-               "invoke": self._ref(inv) if inv.type == INVOKE else None,
-               "completion": self._ref(comp),
-               "latency_ms": (_r((comp.time_ns - inv.time_ns) / 1e6)
+               "message_id": mid_json(mid_tuple(comp.message_id)) if comp is not None else None,
+               "invoke": self.ref(inv) if inv.type == INVOKE else None,
+               "completion": self.ref(comp),
+               "latency_ms": (rounded((comp.time_ns - inv.time_ns) / 1e6)
                               if comp is not None and inv.type == INVOKE else None)}
         return out
 
@@ -916,20 +767,20 @@ class _LogCheck(OpRefs):
         return by_v.get(v) if by_v is not None else None
 
     @staticmethod
-    def _obs_mid(obs: Obs) -> tuple[int, int, int, int] | None:
+    def _obs_mid(obs: Obs) -> Mid | None:
         src, op, slot = obs
         if slot < 0:
-            return _mid(op.message_id)
+            return mid_tuple(op.message_id)
         m = _msg_at(op, slot)
-        return _mid(m.get("message_id")) if isinstance(m, dict) else None
+        return mid_tuple(m.get("message_id")) if isinstance(m, dict) else None
 
     def _obs_json(self, topic: str, v: Any, obs: Obs) -> dict[str, Any]:
         src, op, slot = obs
-        out = {"source": src, "value": _jsonable(v), "message_id": _mid_json(self._obs_mid(obs)),
-               "op": self._ref(op)}
+        out = {"source": src, "value": jsonable(v), "message_id": mid_json(self._obs_mid(obs)),
+               "op": self.ref(op)}
         if src == "send":
             rec = self._send_rec(topic, v)
-            out["invoke"] = self._ref(rec[0]) if rec is not None and rec[0].type == INVOKE else None
+            out["invoke"] = self.ref(rec[0]) if rec is not None and rec[0].type == INVOKE else None
         else:
             out["slot"] = slot
         return out
@@ -946,16 +797,42 @@ class _LogCheck(OpRefs):
         return out
 
     def result(self) -> CheckResult:
+        """The verdict: every finder's cases, the stats, and the final reads that decide "unknown"."""
         cap = self.o.get("max_anomalies")
-        found: dict[str, list[Any]] = {t: [] for t in ANOMALY_TYPES}
-        counts = {t: 0 for t in ANOMALY_TYPES}
+        final, incomplete = self.final_reads()
+        complete = {t for t, d in final.items() if d["status"] == OK}
+        unacked = self.unacknowledged()
+        lost, lost_by_topic = self.lost_cases(cap, complete)
+        order, order_stats = self.order_cases(cap)
+        found = {"lost": lost, "unexpected": self.unexpected_cases(cap), "divergence": self.divergence_cases(cap),
+                 "nonmonotonic-send": self.nonmonotonic_send_cases(cap), "duplicate": self.duplicate_cases(cap),
+                 "aborted-read": self.aborted_read_cases(cap, unacked), "misplaced": self.misplaced_cases(cap),
+                 "nonmonotonic-read": self.nonmonotonic_read_cases(cap),
+                 "unseen": self.unseen_cases(cap, complete), **order}
+        cases = {t: found[t] for t in ANOMALY_TYPES}          # the report lists them in this order
+        invalid_types = self._invalid_types()
 
-        def add(kind: str, make) -> None:
-            counts[kind] += 1
-            if cap is None or len(found[kind]) < cap:
-                found[kind].append(make())
+        stats = self._stats()
+        stats.update(anomaly_stats(cases))
+        stats["invalid_types"] = sorted(invalid_types)
+        stats["lost_count"] = lost.count
+        stats["duplicate_count"] = cases["duplicate"].count
+        stats["unseen_count"] = cases["unseen"].count
+        stats["final_reads"] = final
+        stats["incomplete_topics"] = incomplete
+        stats["info_sends"] = self.info_sends(complete, unacked)
+        stats["consumer_order"] = order_stats
+        for topic, d in stats["topics"].items():
+            d["lost"] = lost_by_topic.get(topic, 0)
+            d["final_read"] = final.get(topic, {}).get("status", "missing")
+            d["final_read_messages"] = final.get(topic, {}).get("messages")
+        return CheckResult(valid=verdict(cases, invalid_types, unknown=bool(incomplete)),
+                           anomalies=anomalies_of(cases), stats=stats)
 
-        # which topics' final reads completed
+    def final_reads(self) -> tuple[dict[str, dict[str, Any]], list[str]]:
+        """Per topic, how its final reads ended (status ok, info, fail or missing; reads, ok reads, the
+        messages and distinct values of the last ok one), and the topics with sends whose final read
+        did not end ok: their lost messages cannot be judged, so the verdict is at best "unknown"."""
         final: dict[str, dict[str, Any]] = {}
         incomplete: list[str] = []
         for topic in sorted(set(self.send_topics) | set(self.read_status), key=str):
@@ -973,137 +850,202 @@ class _LogCheck(OpRefs):
                             "distinct_values": len(last[1]) if last else None}
             if st != OK and topic in self.send_topics:
                 incomplete.append(topic)
-        complete = {t for t, d in final.items() if d["status"] == OK}
+        return final, incomplete
 
-        info_sends = {"total": 0, "found": 0, "not_found": 0, "unknown": 0}
-        lost_by_topic: dict[str, int] = {}
-        no_vpos: dict[Any, tuple[Any, Obs]] = {}
-        no_first: dict[Any, Obs] = {}
+    # ---------------------------------------------------------------------------------- the finders
+
+    def unacknowledged(self) -> Unacked:
+        """topic -> (values whose send failed, values whose send ended info or never completed), each in
+        send order: one pass over the sends' outcomes for the two finders of unacknowledged sends."""
+        out: Unacked = {}
         for topic, by_v in self.sends.items():
-            vpos_t = self.vpos.get(topic, no_vpos)
-            first_t = self.recv_first.get(topic, no_first)
-            reads = self.reads.get(topic) if topic in complete else None
-            recv = topic in self.recv_topics
+            failed: list[Any] = []
+            other: list[Any] = []
             for v, rec in by_v.items():
                 comp = rec[1]
-                t = comp.type if comp is not None else None
-                seen = vpos_t.get(v)
-                if t == OK:
-                    if reads is not None:
-                        missing = [rd[0] for rd in reads if v not in rd[1]]
-                        if missing:
-                            lost_by_topic[topic] = lost_by_topic.get(topic, 0) + 1
-                            add("lost", lambda: {
-                                "topic": topic, "value": _jsonable(v),
-                                "message_id": _mid_json(_mid(comp.message_id)),
-                                "send": self._send_json(rec),
-                                "missing_from_reads": [self._ref(op) for op in missing],
-                                "read_by": (self._obs_json(topic, v, seen[1]) if seen is not None else None),
-                                "received_during_run": (self._obs_json(topic, v, first_t[v])
-                                                        if v in first_t else None)})
-                        elif recv and v not in first_t:
-                            add("unseen", lambda: {"topic": topic, "value": _jsonable(v),
-                                                   "message_id": _mid_json(_mid(comp.message_id)),
-                                                   "send": self._send_json(rec)})
-                    pk = rec[2]
-                    if pk is not None and seen is not None and seen[0] is not None and seen[0] != pk:
-                        at = self.dups.get((topic, v)) or {seen[0]: seen[1]}
-                        if pk not in at and (topic, pk) not in self.conflicts:
-                            add("misplaced", lambda: {
-                                "topic": topic, "value": _jsonable(v),
-                                "acked_message_id": _mid_json(_mid(comp.message_id)),
-                                "read_message_ids": [_mid_json(self._obs_mid(o)) for o in at.values()],
-                                "send": self._send_json(rec),
-                                "observations": [self._obs_json(topic, v, o) for o in at.values()]})
-                elif t == FAIL:
-                    if seen is not None:
-                        add("aborted-read", lambda: {"topic": topic, "value": _jsonable(v),
-                                                     "send": self._send_json(rec),
-                                                     "observation": self._obs_json(topic, v, seen[1])})
-                else:                                         # info, or never completed
-                    info_sends["total"] += 1
-                    if seen is not None:
-                        info_sends["found"] += 1
-                    elif topic in complete:
-                        info_sends["not_found"] += 1
-                    else:
-                        info_sends["unknown"] += 1
+                if comp is None:
+                    other.append(v)
+                elif comp.type != OK:
+                    (failed if comp.type == FAIL else other).append(v)
+            out[topic] = (failed, other)
+        return out
 
-        # values read that no send to that topic ever attempted
+    def lost_cases(self, cap: int | None, complete: set[str]) -> tuple[Cases, dict[str, int]]:
+        """`lost` (Jepsen's lost-write): an acknowledged send missing from an ok final read of its topic
+        (topics whose final read completed). Evidence: topic, value, the acknowledged message id, the
+        send, the final reads that miss it, and where it was read and received during the run, if
+        anywhere. Also the count per topic, for the topics' stats."""
+        cases = Cases(cap)
+        by_topic: dict[str, int] = {}
+        for topic, by_v in self.sends.items():
+            if topic not in complete:
+                continue
+            reads = self.reads[topic]
+            if len(reads) == 1:
+                rv = reads[0][1]
+                missing = [v for v in by_v if v not in rv]
+            else:
+                missing = [v for v in by_v if any(v not in rd[1] for rd in reads)]
+            vpos_t = self.vpos.get(topic, {})
+            first_t = self.recv_first.get(topic, {})
+            for v in missing:
+                rec = by_v[v]
+                if rec[1] is None or rec[1].type != OK:
+                    continue
+                by_topic[topic] = by_topic.get(topic, 0) + 1
+                cases.add(lambda: {
+                    "topic": topic, "value": jsonable(v), "message_id": mid_json(mid_tuple(rec[1].message_id)),
+                    "send": self._send_json(rec),
+                    "missing_from_reads": [self.ref(rd[0]) for rd in reads if v not in rd[1]],
+                    "read_by": (self._obs_json(topic, v, vpos_t[v][1]) if v in vpos_t else None),
+                    "received_during_run": (self._obs_json(topic, v, first_t[v]) if v in first_t else None)})
+        return cases, by_topic
+
+    def unseen_cases(self, cap: int | None, complete: set[str]) -> Cases:
+        """`unseen` (informational): an acknowledged send that every ok final read of its topic holds
+        but no consumer received during the run (topics with receives whose final read completed; the
+        consumers' backlog at the end shows up here). Evidence: topic, value, message id, the send."""
+        cases = Cases(cap)
+        for topic, by_v in self.sends.items():
+            if topic not in complete or topic not in self.recv_topics:
+                continue
+            reads = self.reads[topic]
+            first_t = self.recv_first.get(topic, {})
+            for v in [v for v in by_v if v not in first_t]:
+                rec = by_v[v]
+                if rec[1] is None or rec[1].type != OK or any(v not in rd[1] for rd in reads):
+                    continue                                  # not acknowledged, or lost
+                cases.add(lambda: {"topic": topic, "value": jsonable(v),
+                                   "message_id": mid_json(mid_tuple(rec[1].message_id)),
+                                   "send": self._send_json(rec)})
+        return cases
+
+    def misplaced_cases(self, cap: int | None) -> Cases:
+        """`misplaced` (informational): an acknowledged send whose value was read or received, but never
+        at its acknowledged position, while no other value was seen there either (that would be a
+        divergence). Evidence: topic, value, the acknowledged and the observed message ids, the send
+        and the observations."""
+        cases = Cases(cap)
+        for topic, by_v in self.sends.items():
+            vpos_t = self.vpos.get(topic)
+            if not vpos_t:
+                continue
+            for v, rec in by_v.items():
+                pk = rec[2]                                   # the acknowledged position
+                if pk is None:
+                    continue
+                seen = vpos_t.get(v)
+                comp = rec[1]
+                if seen is None or seen[0] is None or seen[0] == pk or comp is None or comp.type != OK:
+                    continue
+                at = self.dups.get((topic, v)) or {seen[0]: seen[1]}
+                if pk in at or (topic, pk) in self.conflicts:
+                    continue
+                cases.add(lambda: {
+                    "topic": topic, "value": jsonable(v),
+                    "acked_message_id": mid_json(mid_tuple(comp.message_id)),
+                    "read_message_ids": [mid_json(self._obs_mid(o)) for o in at.values()],
+                    "send": self._send_json(rec),
+                    "observations": [self._obs_json(topic, v, o) for o in at.values()]})
+        return cases
+
+    def aborted_read_cases(self, cap: int | None, unacked: Unacked) -> Cases:
+        """`aborted-read` (informational): a send that failed (a definite failure) whose value was read
+        or received all the same. Evidence: topic, value, the send, the first observation."""
+        cases = Cases(cap)
+        for topic, (failed, _) in unacked.items():
+            vpos_t = self.vpos.get(topic, {})
+            for v in failed:
+                if v in vpos_t:
+                    cases.add(lambda: {"topic": topic, "value": jsonable(v),
+                                       "send": self._send_json(self.sends[topic][v]),
+                                       "observation": self._obs_json(topic, v, vpos_t[v][1])})
+        return cases
+
+    def unexpected_cases(self, cap: int | None) -> Cases:
+        """`unexpected`: a value read or received on a topic that no send to that topic ever attempted.
+        Evidence: topic, value, message id, the observation and the topics it was sent to, if any."""
+        cases = Cases(cap)
         sent_to: dict[Any, list[str]] | None = None
-        no_sends: dict[Any, list[Any]] = {}
         for topic, vpos_t in self.vpos.items():
-            by_v = self.sends.get(topic, no_sends)
+            by_v = self.sends.get(topic, {})
             for v, (pk, obs) in vpos_t.items():
                 if v in by_v:
                     continue
-                if sent_to is None:
+                if sent_to is None:                           # built once, at the first case
                     sent_to = {}
                     for t2, d2 in self.sends.items():
                         for v2 in d2:
                             sent_to.setdefault(v2, []).append(t2)
-                add("unexpected", lambda: {"topic": topic, "value": _jsonable(v),
-                                           "message_id": _mid_json(self._obs_mid(obs)),
-                                           "observation": self._obs_json(topic, v, obs),
-                                           "sent_to_topics": sent_to.get(v, [])})
+                cases.add(lambda: {"topic": topic, "value": jsonable(v),
+                                   "message_id": mid_json(self._obs_mid(obs)),
+                                   "observation": self._obs_json(topic, v, obs),
+                                   "sent_to_topics": sent_to.get(v, [])})
+        return cases
 
+    def divergence_cases(self, cap: int | None) -> Cases:
+        """`divergence` (Jepsen's inconsistent-offsets): two values observed at one position of a topic
+        (by sends' acks, receives or reads). Evidence: topic, message id, the values, the sources that
+        saw them and an observation of each."""
+        cases = Cases(cap)
         for (topic, pk), by_value in self.conflicts.items():
             obs_list = list(by_value.items())
-            add("divergence", lambda: {
+            cases.add(lambda: {
                 "topic": topic,
-                "message_id": _mid_json(self._obs_mid(obs_list[0][1])),
-                "values": [_jsonable(v) for v, _ in obs_list],
+                "message_id": mid_json(self._obs_mid(obs_list[0][1])),
+                "values": [jsonable(v) for v, _ in obs_list],
                 "sources": sorted({o[0] for _, o in obs_list}),
                 "observations": [self._obs_json(topic, v, o) for v, o in obs_list]})
+        return cases
 
+    def duplicate_cases(self, cap: int | None) -> Cases:
+        """`duplicate`: one value of a topic read or received at two or more positions. Evidence: topic,
+        value, the message ids, an observation at each, and the send of the value when there is one."""
+        cases = Cases(cap)
         for (topic, v), by_pos in self.dups.items():
             obs_list = list(by_pos.values())
             rec = self._send_rec(topic, v)
-            add("duplicate", lambda: {
-                "topic": topic, "value": _jsonable(v),
-                "message_ids": [_mid_json(self._obs_mid(o)) for o in obs_list],
+            cases.add(lambda: {
+                "topic": topic, "value": jsonable(v),
+                "message_ids": [mid_json(self._obs_mid(o)) for o in obs_list],
                 "observations": [self._obs_json(topic, v, o) for o in obs_list],
                 "send": self._send_json(rec) if rec is not None else None})
+        return cases
 
+    def nonmonotonic_send_cases(self, cap: int | None) -> Cases:
+        """`nonmonotonic-send`: a producer's (process, topic, partition) acknowledgement at a position
+        before that of its previous acknowledgement. Evidence: topic, process, partition, both sends."""
+        cases = Cases(cap)
         for earlier, later in self.nonmono_send:
-            add("nonmonotonic-send", lambda: {
+            cases.add(lambda: {
                 "topic": later[0].key, "process": later[1].process,
-                "partition": _mid(later[1].message_id)[2],
+                "partition": mid_tuple(later[1].message_id)[2],
                 "earlier": self._send_json(earlier), "later": self._send_json(later)})
+        return cases
 
+    def nonmonotonic_read_cases(self, cap: int | None) -> Cases:
+        """`nonmonotonic-read` (informational): a final read that returns a partition's messages out of
+        log order. Evidence (made during the scan): topic, partition, the read, the two messages."""
+        cases = Cases(cap)
         for a in self.nonmono_read:
-            add("nonmonotonic-read", lambda: a)
+            cases.add(lambda: a)
+        return cases
 
-        for kind, n in self.ocounts.items():
-            counts[kind] = n
-            found[kind] = self.ofound[kind]
-
-        anomalies = {k: v for k, v in found.items() if counts[k]}
-        invalid_types = self._invalid_types()
-        if any(counts.get(k) for k in invalid_types):
-            valid: bool | str = False
-        elif incomplete:
-            valid = "unknown"
-        else:
-            valid = True
-
-        stats = self._stats()
-        stats["anomaly_counts"] = {k: n for k, n in counts.items() if n}
-        stats["anomalies_truncated"] = {k: n for k, n in counts.items()
-                                        if n > len(found[k])}
-        stats["invalid_types"] = sorted(invalid_types)
-        stats["lost_count"] = counts["lost"]
-        stats["duplicate_count"] = counts["duplicate"]
-        stats["unseen_count"] = counts["unseen"]
-        stats["final_reads"] = final
-        stats["incomplete_topics"] = incomplete
-        stats["info_sends"] = info_sends
-        stats["consumer_order"] = self.order_stats
-        for topic, d in stats["topics"].items():
-            d["lost"] = lost_by_topic.get(topic, 0)
-            d["final_read"] = final.get(topic, {}).get("status", "missing")
-            d["final_read_messages"] = final.get(topic, {}).get("messages")
-        return CheckResult(valid=valid, anomalies=anomalies, stats=stats)
+    def info_sends(self, complete: set[str], unacked: Unacked) -> dict[str, int]:
+        """Sends that ended info or never completed: how many, and how many of them were found in a read
+        or receive, were not found in a topic whose final read completed, or cannot be told."""
+        out = {"total": 0, "found": 0, "not_found": 0, "unknown": 0}
+        for topic, (_, other) in unacked.items():
+            vpos_t = self.vpos.get(topic, {})
+            out["total"] += len(other)
+            for v in other:
+                if v in vpos_t:
+                    out["found"] += 1
+                elif topic in complete:
+                    out["not_found"] += 1
+                else:
+                    out["unknown"] += 1
+        return out
 
     # -------------------------------------------------------------------------------------- stats
 
@@ -1115,9 +1057,9 @@ class _LogCheck(OpRefs):
 
         ok_lat = sorted(self.ok_lat)
         ms = [x / 1e6 for x in ok_lat]
-        latency = {"count": len(ms), "p50": _r(_pct(ms, 0.50)), "p95": _r(_pct(ms, 0.95)),
-                   "p99": _r(_pct(ms, 0.99)), "max": _r(ms[-1] if ms else None),
-                   "mean": _r(sum(ms) / len(ms) if ms else None)}
+        latency = {"count": len(ms), "p50": rounded(percentile(ms, 0.50)), "p95": rounded(percentile(ms, 0.95)),
+                   "p99": rounded(percentile(ms, 0.99)), "max": rounded(ms[-1] if ms else None),
+                   "mean": rounded(sum(ms) / len(ms) if ms else None)}
 
         # the window the sends ran in, and its buckets
         other_inv = [i for i, _, _ in self.other_lat]
@@ -1151,15 +1093,15 @@ class _LogCheck(OpRefs):
         p50, p99, mx = [], [], []
         for b in lat_b:
             b.sort()
-            p50.append(_r(_pct(b, 0.5) / 1e6) if b else None)
-            p99.append(_r(_pct(b, 0.99) / 1e6) if b else None)
-            mx.append(_r(b[-1] / 1e6) if b else None)
+            p50.append(rounded(percentile(b, 0.5) / 1e6) if b else None)
+            p99.append(rounded(percentile(b, 0.99) / 1e6) if b else None)
+            mx.append(rounded(b[-1] / 1e6) if b else None)
         throughput = {"ok_sends": len(self.ok_done),
-                      "ok_sends_per_s": _r(len(self.ok_done) / span_s if span_s > 0 else None),
-                      "window_s": [_r(w0 / 1e9), _r(w1 / 1e9)],
-                      "bucket_s": bucket_s, "start_s": _r(start_s),
-                      "per_bucket": [_r(n / bucket_s) for n in per]}
-        over_time = {"bucket_s": bucket_s, "start_s": _r(start_s), "p50_ms": p50, "p99_ms": p99,
+                      "ok_sends_per_s": rounded(len(self.ok_done) / span_s if span_s > 0 else None),
+                      "window_s": [rounded(w0 / 1e9), rounded(w1 / 1e9)],
+                      "bucket_s": bucket_s, "start_s": rounded(start_s),
+                      "per_bucket": [rounded(n / bucket_s) for n in per]}
+        over_time = {"bucket_s": bucket_s, "start_s": rounded(start_s), "p50_ms": p50, "p99_ms": p99,
                      "max_ms": mx, "points": self._points()}
 
         # unavailability: gaps between consecutive ok sends
@@ -1169,17 +1111,17 @@ class _LogCheck(OpRefs):
         for a, b in zip(done, done[1:]):
             g = (b - a) / 1e9
             if g > longest:
-                longest, at = g, [_r(a / 1e9), _r(b / 1e9)]
+                longest, at = g, [rounded(a / 1e9), rounded(b / 1e9)]
             if g > gap_s:
                 total += g
                 if len(gaps) < 1000:
-                    gaps.append([_r(a / 1e9), _r(b / 1e9)])
-        unavailable = {"longest_gap_s": _r(longest), "longest_gap_at": at, "threshold_s": gap_s,
-                       "total_s": _r(total), "gaps": gaps}
+                    gaps.append([rounded(a / 1e9), rounded(b / 1e9)])
+        unavailable = {"longest_gap_s": rounded(longest), "longest_gap_at": at, "threshold_s": gap_s,
+                       "total_s": rounded(total), "gaps": gaps}
 
         periods = [p for p in self.faults.periods if not p.failed]
-        faults = [[_r(p.start_ns / 1e9), _r((p.stop_ns if p.stop_ns is not None else self.t_max) / 1e9), p.name,
-                   _jsonable(p.value)] for p in periods]
+        faults = [[rounded(p.start_ns / 1e9), rounded((p.stop_ns if p.stop_ns is not None else self.t_max) / 1e9),
+                   p.name, jsonable(p.value)] for p in periods]
         faults.sort(key=lambda p: (p[0], p[1]))
         open_at_end = self.faults.open_periods()
 
@@ -1196,7 +1138,7 @@ class _LogCheck(OpRefs):
 
         return {
             "ops": ops,
-            "duration_s": _r((self.t_max - (self.t_min or 0)) / 1e9),
+            "duration_s": rounded((self.t_max - (self.t_min or 0)) / 1e9),
             "sends": sends,
             "send_latency_ms": latency,
             "throughput": throughput,
@@ -1228,4 +1170,4 @@ class _LogCheck(OpRefs):
         other = [self.other_lat[i] for i in sample(len(self.other_lat), budget // 2)]
         ok = [(self.ok_inv[i], self.ok_lat[i], OK) for i in sample(len(self.ok_inv), budget - len(other))]
         pts = sorted(ok + other)
-        return [[_r(i / 1e9), _r(l / 1e6), t] for i, l, t in pts]
+        return [[rounded(i / 1e9), rounded(l / 1e6), t] for i, l, t in pts]

@@ -32,7 +32,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Any
 
-from checkers.log import _jsonable, _pct, _r
+from checkers.toolkit import Cases, anomalies_of, anomaly_stats, full_op, jsonable, percentile, rounded, verdict
 from core.faults import HEALTHY, FaultTimeline
 from core.history import FAIL, INVOKE, NEMESIS_PROCESS, OK, CheckResult, Op
 
@@ -53,10 +53,6 @@ def check(history: list[Op], opts: dict[str, Any] | None = None) -> CheckResult:
     o = dict(DEFAULTS)
     o.update(opts or {})
     return _perf(history, o)
-
-
-def _op(op: Op | None) -> dict[str, Any] | None:
-    return None if op is None else _jsonable(op.to_json())
 
 
 def _sorted_by_time(history: list[Op]) -> list[Op]:
@@ -187,11 +183,11 @@ def _perf(history: list[Op], o: dict[str, Any]) -> CheckResult:
         lat.sort()
         secs = time_in.get(st)
         row = {"state": st, "f": f, "time_s": secs, "ok": ok, "fail": fail, "info": info, "unfinished": unf,
-               "ok_per_s": _r(ok / secs) if secs else None}
+               "ok_per_s": rounded(ok / secs) if secs else None}
         for q, name in ((0.5, "p50_ms"), (0.9, "p90_ms"), (0.99, "p99_ms")):
-            v = _pct(lat, q)
-            row[name] = _r(v / 1e6) if v is not None else None
-        row["max_ms"] = _r(lat[-1] / 1e6) if lat else None
+            v = percentile(lat, q)
+            row[name] = rounded(v / 1e6) if v is not None else None
+        row["max_ms"] = rounded(lat[-1] / 1e6) if lat else None
         by_state.append(row)
         tot = totals.setdefault(st, {"time_s": secs, "ok": 0, "fail": 0, "info": 0, "unfinished": 0})
         for k in ("ok", "fail", "info", "unfinished"):
@@ -199,14 +195,12 @@ def _perf(history: list[Op], o: dict[str, Any]) -> CheckResult:
     for st, secs in time_in.items():
         totals.setdefault(st, {"time_s": secs, "ok": 0, "fail": 0, "info": 0, "unfinished": 0})
     for st, tot in totals.items():
-        tot["ok_per_s"] = _r(tot["ok"] / tot["time_s"]) if tot["time_s"] else None
+        tot["ok_per_s"] = rounded(tot["ok"] / tot["time_s"]) if tot["time_s"] else None
 
     # ---- availability
     thr = o.get("max_unavailable_s")
     thr_ns = None if thr is None else float(thr) * 1e9
-    cap = o.get("max_anomalies")
-    unavailable: list[dict[str, Any]] = []
-    n_unavailable = 0
+    unavailable = Cases(o.get("max_anomalies"))
     availability: list[dict[str, Any]] = []
     for topic in sorted(topic_win, key=str):
         ts, te = topic_win[topic]
@@ -220,21 +214,19 @@ def _perf(history: list[Op], o: dict[str, Any]) -> CheckResult:
             if g > best[0]:
                 best = (g, prev, t, i)
             if thr_ns is not None and g > thr_ns:
-                n_unavailable += 1
-                if cap is None or len(unavailable) < cap:
-                    unavailable.append({
-                        "topic": topic, "start_s": _r(prev / 1e9), "end_s": _r(t / 1e9),
-                        "duration_s": _r(g / 1e9),
-                        "threshold_s": thr, "states": states.overlap(prev, t),
-                        "edge": "start" if i == 0 else "end" if i == len(times) else None,
-                        "last_ok_before": _op(ops[i - 1]) if i > 0 else None,
-                        "first_ok_after": _op(ops[i]) if i < len(ops) else None})
+                unavailable.add(lambda: {
+                    "topic": topic, "start_s": rounded(prev / 1e9), "end_s": rounded(t / 1e9),
+                    "duration_s": rounded(g / 1e9),
+                    "threshold_s": thr, "states": states.overlap(prev, t),
+                    "edge": "start" if i == 0 else "end" if i == len(times) else None,
+                    "last_ok_before": full_op(ops[i - 1]) if i > 0 else None,
+                    "first_ok_after": full_op(ops[i]) if i < len(ops) else None})
             prev = t
         g, s, e, i = best
         availability.append({"topic": topic, "ok_writes": len(times),
-                             "window_s": [_r(ts / 1e9), _r(te / 1e9)],
-                             "longest_unavailable_s": _r(max(g, 0) / 1e9), "from_s": _r(s / 1e9),
-                             "to_s": _r(e / 1e9), "states": states.overlap(s, e),
+                             "window_s": [rounded(ts / 1e9), rounded(te / 1e9)],
+                             "longest_unavailable_s": rounded(max(g, 0) / 1e9), "from_s": rounded(s / 1e9),
+                             "to_s": rounded(e / 1e9), "states": states.overlap(s, e),
                              "edge": "start" if i == 0 else "end" if i == len(times) else None})
 
     # ---- time to recover after each stop
@@ -242,9 +234,9 @@ def _perf(history: list[Op], o: dict[str, Any]) -> CheckResult:
     faults: list[dict[str, Any]] = []
     for n, occ in enumerate(tl.occurrences(), 1):
         stop = occ.stop_ns
-        d = {"n": n, "fault": occ.name, "start_s": _r(occ.started_ns / 1e9),
-             "stop_s": _r(stop / 1e9) if stop is not None else None,
-             "targets": _jsonable(occ.value), "max_recovery_s": None, "not_recovered": []}
+        d = {"n": n, "fault": occ.name, "start_s": rounded(occ.started_ns / 1e9),
+             "stop_s": rounded(stop / 1e9) if stop is not None else None,
+             "targets": jsonable(occ.value), "max_recovery_s": None, "not_recovered": []}
         faults.append(d)
         if stop is None:
             continue
@@ -261,31 +253,30 @@ def _perf(history: list[Op], o: dict[str, Any]) -> CheckResult:
             elif worst is None or rec > worst:
                 worst = rec
             if len(recovery) < max_rows:
-                recovery.append({"n": n, "fault": occ.name, "stop_s": _r(stop / 1e9), "topic": topic,
-                                 "recovery_s": _r(rec),
-                                 "first_ok_after_s": _r(times[i] / 1e9) if rec is not None else None})
-        d["max_recovery_s"] = _r(worst)
+                recovery.append({"n": n, "fault": occ.name, "stop_s": rounded(stop / 1e9), "topic": topic,
+                                 "recovery_s": rounded(rec),
+                                 "first_ok_after_s": rounded(times[i] / 1e9) if rec is not None else None})
+        d["max_recovery_s"] = rounded(worst)
 
-    anomalies = {"unavailable": unavailable} if n_unavailable else {}
+    cases = {"unavailable": unavailable}
     stats: dict[str, Any] = {
-        "window_s": [_r(w0 / 1e9), _r(w1 / 1e9)],
-        "duration_s": _r((w1 - w0) / 1e9),
+        "window_s": [rounded(w0 / 1e9), rounded(w1 / 1e9)],
+        "duration_s": rounded((w1 - w0) / 1e9),
         "states": totals,
         "by_state": by_state[:max_rows],
         "availability": availability[:max_rows],
         "recovery": recovery,
         "faults": faults[:max_rows],
-        "timeline": [[_r(t / 1e9) if t != float("-inf") else None, s]
+        "timeline": [[rounded(t / 1e9) if t != float("-inf") else None, s]
                      for t, s in zip(seg_t, seg_s)][:max_rows],
         "max_unavailable_s": thr,
         "write_fs": sorted(write_fs),
-        "anomaly_counts": {"unavailable": n_unavailable} if n_unavailable else {},
-        "anomalies_truncated": ({"unavailable": n_unavailable} if n_unavailable > len(unavailable) else {}),
+        **anomaly_stats(cases),
         "history": {"ops": len(h), "nemesis_ops": n_nem, "final_ops_excluded": final_ops,
                     "orphan_completions": orphans},
         "tables": ["by_state", "availability", "recovery"],
     }
-    return CheckResult(valid=not n_unavailable, anomalies=anomalies, stats=stats)
+    return CheckResult(valid=verdict(cases, ANOMALY_TYPES), anomalies=anomalies_of(cases), stats=stats)
 
 
 def _acc(acc: dict[tuple[str, str], list[Any]], st: str, f: str) -> list[Any]:

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from checkers.log import OpRefs, _jsonable, _mid, _mid_json, _norm, _pk, gc_paused
+from checkers.toolkit import (Cases, OpRefs, anomalies_of, anomaly_stats, gc_paused, jsonable, mid_json, mid_tuple,
+                              norm_value, op_names, position_key, redelivery_count, verdict)
 from core.history import FAIL, INFO, INVOKE, NEMESIS_PROCESS, OK, CheckResult, Op
 
 ANOMALY_TYPES = ("lost", "unexpected", "duplicated", "recovered", "duplicate")
@@ -83,10 +84,9 @@ class _QueueCheck(OpRefs):
     def __init__(self, history: list[Op], opts: dict[str, Any]):
         self.h = history
         self.o = opts
-        self.enq_fs = frozenset(opts.get("enqueue") or ())
-        self.drain_fs = frozenset(opts.get("drain") or ()) - self.enq_fs
-        self.deq_fs = (frozenset(opts.get("dequeue") or ()) | self.drain_fs) - self.enq_fs
-        self.read_fs = frozenset(opts.get("read") or ()) - self.enq_fs - self.deq_fs
+        names = op_names(opts, "enqueue", "drain", "dequeue", "read")
+        self.enq_fs, self.drain_fs, self.read_fs = names[0], names[1], names[3]
+        self.deq_fs = names[2] | self.drain_fs               # a drain consumes as a dequeue does
         # queue -> value -> [invoke, completion | None, attempts]
         self.enq: dict[str, dict[Any, list[Any]]] = {}
         # (queue, subscription) -> value -> deliveries; and the first delivery of each value
@@ -104,7 +104,6 @@ class _QueueCheck(OpRefs):
         self.redelivered = 0
         self.malformed = 0
         self.orphans = 0
-        self._index_of: dict[int, int] | None = None
 
     # ------------------------------------------------------------------------------------ the pass
 
@@ -143,7 +142,7 @@ class _QueueCheck(OpRefs):
     def _enqueue_invoke(self, op: Op) -> None:
         v = op.value
         if type(v) is not int:
-            v = _norm(v)
+            v = norm_value(v)
         by_v = self.enq.get(op.key)
         if by_v is None:
             by_v = self.enq[op.key] = {}
@@ -158,7 +157,7 @@ class _QueueCheck(OpRefs):
     def _enqueue_done(self, inv: Op | None, op: Op) -> None:
         v = inv.value if inv is not None else op.value
         if type(v) is not int:
-            v = _norm(v)
+            v = norm_value(v)
         q = inv.key if inv is not None else op.key
         by_v = self.enq.get(q)
         if by_v is None:
@@ -170,7 +169,7 @@ class _QueueCheck(OpRefs):
             return                                   # an earlier attempt was acknowledged
         rec[1] = op
         if op.type == OK and op.message_id is not None:
-            pk = _pk(op.message_id)
+            pk = position_key(op.message_id)
             if pk is not None:
                 self._at(q, v, pk, None)
 
@@ -190,17 +189,14 @@ class _QueueCheck(OpRefs):
             if type(m) is dict:
                 v = m.get("value")
                 if type(v) is not int:
-                    v = _norm(v)
+                    v = norm_value(v)
                 rc = m.get("redelivery_count") or 0
                 if type(rc) is not int:
-                    try:
-                        rc = int(rc)
-                    except (TypeError, ValueError):
-                        rc = 0
+                    rc = redelivery_count(rc)
                 sub = m.get("subscription", "")
                 d = m.get("message_id")
             else:
-                v, rc, sub, d = _norm(m), 0, "", None
+                v, rc, sub, d = norm_value(m), 0, "", None
             if v is None:
                 self.malformed += 1
                 continue
@@ -228,7 +224,7 @@ class _QueueCheck(OpRefs):
                 elif len(extra) < 10:
                     extra.append((op, j, rc))
             if d is not None:
-                pk = _pk(d)
+                pk = position_key(d)
                 if pk is not None:
                     self._at(q, v, pk, (op, j, rc))
 
@@ -239,7 +235,7 @@ class _QueueCheck(OpRefs):
         for j, m in enumerate(self._messages(op)):
             v = m.get("value") if type(m) is dict else m
             if type(v) is not int:
-                v = _norm(v)
+                v = norm_value(v)
             if v is not None and v not in seen:
                 seen[v] = (op, j, 0)
 
@@ -262,18 +258,18 @@ class _QueueCheck(OpRefs):
     def _enq_json(self, rec: list[Any]) -> dict[str, Any]:
         inv, comp, attempts = rec
         return {"outcome": comp.type if comp is not None else None,
-                "invoke": self._ref(inv) if inv.type == INVOKE else None,
-                "completion": self._ref(comp),
-                "message_id": _mid_json(_mid(comp.message_id)) if comp is not None else None,
+                "invoke": self.ref(inv) if inv.type == INVOKE else None,
+                "completion": self.ref(comp),
+                "message_id": mid_json(mid_tuple(comp.message_id)) if comp is not None else None,
                 "attempts": attempts}
 
     def _deliv_json(self, d: Deliv) -> dict[str, Any]:
         op, j, rc = d
         msgs = self._messages(op)
         m = msgs[j] if j < len(msgs) else None
-        out = {"op": self._ref(op), "slot": j, "redelivery_count": rc, "message_id": None}
+        out = {"op": self.ref(op), "slot": j, "redelivery_count": rc, "message_id": None}
         if isinstance(m, dict):
-            out["message_id"] = _mid_json(_mid(m.get("message_id")))
+            out["message_id"] = mid_json(mid_tuple(m.get("message_id")))
             if "subscription" in m:
                 out["subscription"] = m["subscription"]
         return out
@@ -281,21 +277,53 @@ class _QueueCheck(OpRefs):
     # ------------------------------------------------------------------------------------ verdict
 
     def result(self) -> CheckResult:
+        """The verdict: every finder's cases, the stats, and the queues whose completion decides "unknown"."""
         cap = self.o.get("max_anomalies")
-        max_obs = int(self.o.get("max_observations") or 5)
-        found: dict[str, list[Any]] = {t: [] for t in ANOMALY_TYPES}
-        counts = {t: 0 for t in ANOMALY_TYPES}
-
-        def add(kind: str, make) -> None:
-            counts[kind] += 1
-            if cap is None or len(found[kind]) < cap:
-                found[kind].append(make())
-
         subs_of: dict[str, list[Any]] = {}
         for (q, sub) in self.count:
             subs_of.setdefault(q, []).append(sub)
         queues = sorted(set(self.enq) | set(self.drains) | set(self.reads) | set(subs_of), key=str)
-        # a queue is complete when a drain emptied it (ok, or fail: nothing left) or a final read ended ok
+        drained, incomplete = self.completion(queues)
+        per_q, hist, unacked = self.enqueue_stats(queues, subs_of)
+        lost, lost_by_q = self.lost_cases(cap, queues, subs_of, drained)
+        recovered, recovered_by_q = self.recovered_cases(cap, subs_of, unacked)
+        cases = {"lost": lost, "unexpected": self.unexpected_cases(cap), "duplicated": self.duplicated_cases(cap),
+                 "recovered": recovered, "duplicate": self.duplicate_cases(cap)}
+        inv_types = invalid_types(self.o)
+
+        tot: dict[str, int] = {}
+        for q, st in per_q.items():
+            st["lost"] = lost_by_q.get(q, 0)
+            st["recovered"] = recovered_by_q.get(q, 0)
+            for k, n in st.items():
+                tot[k] = tot.get(k, 0) + n
+        stats = {
+            "attempted": tot.get("attempted", 0), "acknowledged": tot.get("acknowledged", 0),
+            "failed": tot.get("failed", 0), "indeterminate": tot.get("indeterminate", 0), "lost": lost.count,
+            "recovered": recovered.count, "unexpected": cases["unexpected"].count,
+            "duplicated": cases["duplicated"].count, "stored_twice": cases["duplicate"].count,
+            "deliveries": self.deliveries, "redelivered": self.redelivered,
+            "distinct_delivered": sum(len(c) for c in self.count.values()),
+            "delivery_counts": {str(k): hist[k] for k in sorted(hist)},
+            "exactly_once_ratio": _ratio(tot.get("exactly_once", 0), tot.get("pairs", 0)),
+            "queues": {q: dict(per_q[q], drain=drained[q], subscriptions=sorted(map(str, subs_of.get(q, []))),
+                               exactly_once_ratio=_ratio(per_q[q]["exactly_once"], per_q[q]["pairs"]))
+                       for q in queues},
+            "incomplete_queues": incomplete,
+            **anomaly_stats(cases),
+            "invalid_types": sorted(inv_types),
+            "history": {"ops": len(self.h), "orphan_completions": self.orphans, "malformed": self.malformed},
+        }
+        for st in stats["queues"].values():
+            st.pop("pairs", None)
+            st.pop("exactly_once", None)
+        return CheckResult(valid=verdict(cases, inv_types, unknown=bool(incomplete)),
+                           anomalies=anomalies_of(cases), stats=stats)
+
+    def completion(self, queues: list[str]) -> tuple[dict[str, str], list[str]]:
+        """How each queue was completed: "drained" (a drain emptied it: ok, or fail "empty"), "read" (a
+        final read ended ok), "incomplete" (tried, never completed) or "missing"; and the queues with
+        acknowledged enqueues left incomplete or missing: their lost values cannot be judged."""
         drained: dict[str, str] = {}
         incomplete: list[str] = []
         for q in queues:
@@ -311,121 +339,138 @@ class _QueueCheck(OpRefs):
             if drained[q] in ("incomplete", "missing") and any(
                     r[1] is not None and r[1].type == OK for r in self.enq.get(q, {}).values()):
                 incomplete.append(q)
+        return drained, incomplete
 
+    def enqueue_stats(self, queues: list[str], subs_of: dict[str, list[Any]]
+                      ) -> tuple[dict[str, dict[str, int]], dict[int, int], dict[str, list[Any]]]:
+        """Per queue: attempted, acknowledged, failed and indeterminate enqueues (lost and recovered are
+        left 0 for their finders to fill), and over (acknowledged value, subscription) pairs those
+        delivered exactly once; the histogram of deliveries per such pair; and per queue the values
+        whose enqueue was not acknowledged, in enqueue order (recovered_cases looks only at those)."""
+        per_q: dict[str, dict[str, int]] = {}
         hist: dict[int, int] = {}
-        per_q: dict[str, dict[str, Any]] = {}
-        tot = {"attempted": 0, "acknowledged": 0, "failed": 0, "indeterminate": 0, "lost": 0,
-               "recovered": 0, "exactly_once": 0, "pairs": 0}
-        no_reads: dict[Any, Deliv] = {}
+        unacked: dict[str, list[Any]] = {}
         for q in queues:
-            by_v = self.enq.get(q, {})
-            subs = subs_of.get(q, [])
-            cnts = [self.count[(q, s)] for s in subs]
-            firsts = [self.first[(q, s)] for s in subs]
-            reads = self.read_seen.get(q, no_reads)
-            complete = drained[q] in ("drained", "read")
-            st = {"attempted": 0, "acknowledged": 0, "failed": 0, "indeterminate": 0, "lost": 0,
-                  "recovered": 0, "exactly_once": 0, "pairs": 0}
-            for v, rec in by_v.items():
+            cnts = [self.count[(q, s)] for s in subs_of.get(q, [])]
+            st = per_q[q] = {"attempted": 0, "acknowledged": 0, "failed": 0, "indeterminate": 0, "lost": 0,
+                             "recovered": 0, "exactly_once": 0, "pairs": 0}
+            other = unacked[q] = []
+            for v, rec in self.enq.get(q, {}).items():
                 comp = rec[1]
                 t = comp.type if comp is not None else None
                 st["attempted"] += rec[2]
-                if t == OK:
-                    st["acknowledged"] += 1
-                    got = False
-                    for c in cnts:
-                        n = c.get(v, 0)
-                        hist[n] = hist.get(n, 0) + 1
-                        st["pairs"] += 1
-                        if n:
-                            got = True
-                            if n == 1:
-                                st["exactly_once"] += 1
-                    if not cnts:
-                        hist[0] = hist.get(0, 0) + 1
-                    if not got and complete and v not in reads:
-                        st["lost"] += 1
-                        add("lost", lambda: {"queue": q, "value": _jsonable(v), "enqueue": self._enq_json(rec),
-                                             "drain": drained[q]})
+                if t != OK:
+                    st["failed" if t == FAIL else "indeterminate"] += 1
+                    other.append(v)
                     continue
-                if t == FAIL:
-                    st["failed"] += 1
-                else:
-                    st["indeterminate"] += 1
-                d = next((f[v] for f in firsts if v in f), None) or reads.get(v)
-                if d is not None:
-                    st["recovered"] += 1
-                    add("recovered", lambda: {"queue": q, "value": _jsonable(v), "enqueue": self._enq_json(rec),
-                                              "delivery": self._deliv_json(d)})
-            per_q[q] = st
-            for k in tot:
-                tot[k] += st[k]
+                st["acknowledged"] += 1
+                for c in cnts:
+                    n = c.get(v, 0)
+                    hist[n] = hist.get(n, 0) + 1
+                    st["pairs"] += 1
+                    if n == 1:
+                        st["exactly_once"] += 1
+                if not cnts:
+                    hist[0] = hist.get(0, 0) + 1
+        return per_q, hist, unacked
 
+    # ---------------------------------------------------------------------------------- the finders
+
+    def lost_cases(self, cap: int | None, queues: list[str], subs_of: dict[str, list[Any]],
+                   drained: dict[str, str]) -> tuple[Cases, dict[str, int]]:
+        """`lost` (Jepsen's total-queue lost): an acknowledged enqueue that no dequeue, drain or final
+        read of its queue returned, in queues that a drain emptied or a final read read whole.
+        Evidence: queue, value, the enqueue, how the queue was completed. Also the count per queue."""
+        cases = Cases(cap)
+        by_q: dict[str, int] = {}
+        for q in queues:
+            by_v = self.enq.get(q)
+            if not by_v or drained[q] not in ("drained", "read"):
+                continue
+            cnts = [self.count[(q, s)] for s in subs_of.get(q, [])]
+            reads = self.read_seen.get(q, {})
+            for v in [v for v in by_v if v not in reads and not any(v in c for c in cnts)]:
+                rec = by_v[v]
+                if rec[1] is None or rec[1].type != OK:
+                    continue
+                by_q[q] = by_q.get(q, 0) + 1
+                cases.add(lambda: {"queue": q, "value": jsonable(v), "enqueue": self._enq_json(rec),
+                                   "drain": drained[q]})
+        return cases, by_q
+
+    def recovered_cases(self, cap: int | None, subs_of: dict[str, list[Any]], unacked: dict[str, list[Any]]
+                        ) -> tuple[Cases, dict[str, int]]:
+        """`recovered` (informational): an enqueue that failed, ended info or never completed, whose value
+        was dequeued or read all the same (the write took effect). Evidence: queue, value, the enqueue
+        (its outcome says which), the first delivery. Also the count per queue."""
+        cases = Cases(cap)
+        by_q: dict[str, int] = {}
+        for q, values in unacked.items():
+            firsts = [self.first[(q, s)] for s in subs_of.get(q, [])]
+            reads = self.read_seen.get(q, {})
+            for v in values:
+                d = next((f[v] for f in firsts if v in f), None) or reads.get(v)
+                if d is None:
+                    continue
+                by_q[q] = by_q.get(q, 0) + 1
+                cases.add(lambda: {"queue": q, "value": jsonable(v), "enqueue": self._enq_json(self.enq[q][v]),
+                                   "delivery": self._deliv_json(d)})
+        return cases, by_q
+
+    def unexpected_cases(self, cap: int | None) -> Cases:
+        """`unexpected`: a value delivered from a queue that no enqueue of that queue ever attempted.
+        Evidence: queue, subscription, value, its first delivery and the queues it was enqueued to."""
+        cases = Cases(cap)
         sent_to: dict[Any, list[str]] | None = None
         for (q, sub), cnt in self.count.items():
             by_v = self.enq.get(q, {})
             firsts = self.first[(q, sub)]
-            for v, n in cnt.items():
-                rec = by_v.get(v)
-                if rec is None:
-                    if sent_to is None:
-                        sent_to = {}
-                        for q2, d2 in self.enq.items():
-                            for v2 in d2:
-                                sent_to.setdefault(v2, []).append(q2)
-                    add("unexpected", lambda: {"queue": q, "subscription": sub, "value": _jsonable(v),
-                                               "delivery": self._deliv_json(firsts[v]),
-                                               "enqueued_to": sent_to.get(v, [])})
-                    continue
-                if n > max(1, rec[2]):
-                    dl = [firsts[v]] + self.more.get((q, sub, v), [])
-                    add("duplicated", lambda: {
-                        "queue": q, "subscription": sub, "value": _jsonable(v), "deliveries": n,
-                        "attempts": rec[2], "redelivered": sum(1 for d in dl if d[2] > 0),
-                        "observations": [self._deliv_json(d) for d in dl[:max_obs]]})
-        dup_n = counts["duplicated"]
+            for v in [v for v in cnt if v not in by_v]:
+                if sent_to is None:                           # built once, at the first case
+                    sent_to = {}
+                    for q2, d2 in self.enq.items():
+                        for v2 in d2:
+                            sent_to.setdefault(v2, []).append(q2)
+                cases.add(lambda: {"queue": q, "subscription": sub, "value": jsonable(v),
+                                   "delivery": self._deliv_json(firsts[v]), "enqueued_to": sent_to.get(v, [])})
+        return cases
 
+    def duplicated_cases(self, cap: int | None) -> Cases:
+        """`duplicated`: a value delivered to one subscription more often than it was enqueued (attempts,
+        at least once). Evidence: queue, subscription, value, deliveries, attempts, how many were
+        redeliveries, and the first `max_observations` deliveries."""
+        cases = Cases(cap)
+        max_obs = int(self.o.get("max_observations") or 5)
+        for (q, sub), cnt in self.count.items():
+            by_v = self.enq.get(q, {})
+            firsts = self.first[(q, sub)]
+            for v, n in cnt.items():
+                if n < 2:
+                    continue
+                rec = by_v.get(v)
+                if rec is None or n <= rec[2]:
+                    continue
+                dl = [firsts[v]] + self.more.get((q, sub, v), [])
+                cases.add(lambda: {
+                    "queue": q, "subscription": sub, "value": jsonable(v), "deliveries": n,
+                    "attempts": rec[2], "redelivered": sum(1 for d in dl if d[2] > 0),
+                    "observations": [self._deliv_json(d) for d in dl[:max_obs]]})
+        return cases
+
+    def duplicate_cases(self, cap: int | None) -> Cases:
+        """`duplicate`: one value stored at two or more message ids of a queue (its acknowledged id and
+        the delivered ones): a producer's retry written twice. Evidence: queue, value, the message ids
+        and where each was seen (a delivery, or the enqueue's acknowledgement)."""
+        cases = Cases(cap)
         for (q, v), at in self.multi.items():
             rec = self.enq.get(q, {}).get(v)
-            add("duplicate", lambda: {
-                "queue": q, "value": _jsonable(v),
-                "message_ids": [_mid_json(_mid(self._deliv_mid(w, rec))) for w in at.values()],
+            cases.add(lambda: {
+                "queue": q, "value": jsonable(v),
+                "message_ids": [mid_json(mid_tuple(self._deliv_mid(w, rec))) for w in at.values()],
                 "observations": [self._deliv_json(w) if w is not None else
-                                 {"op": self._ref(rec[1]) if rec else None, "source": "enqueue"}
+                                 {"op": self.ref(rec[1]) if rec else None, "source": "enqueue"}
                                  for w in at.values()]})
-
-        anomalies = {k: v for k, v in found.items() if counts[k]}
-        inv_types = invalid_types(self.o)
-        if any(counts.get(k) for k in inv_types):
-            valid: bool | str = False
-        elif incomplete:
-            valid = "unknown"
-        else:
-            valid = True
-        delivered_values = sum(len(c) for c in self.count.values())
-        stats = {
-            "attempted": tot["attempted"], "acknowledged": tot["acknowledged"], "failed": tot["failed"],
-            "indeterminate": tot["indeterminate"], "lost": tot["lost"], "recovered": tot["recovered"],
-            "unexpected": counts["unexpected"], "duplicated": dup_n, "stored_twice": counts["duplicate"],
-            "deliveries": self.deliveries, "redelivered": self.redelivered,
-            "distinct_delivered": delivered_values,
-            "delivery_counts": {str(k): hist[k] for k in sorted(hist)},
-            "exactly_once_ratio": (round(tot["exactly_once"] / tot["pairs"], 6) if tot["pairs"] else None),
-            "queues": {q: dict(per_q.get(q, {}), drain=drained[q],
-                               subscriptions=sorted(map(str, subs_of.get(q, []))),
-                               exactly_once_ratio=(round(per_q[q]["exactly_once"] / per_q[q]["pairs"], 6)
-                                                   if per_q.get(q, {}).get("pairs") else None))
-                       for q in queues},
-            "incomplete_queues": incomplete,
-            "anomaly_counts": {k: n for k, n in counts.items() if n},
-            "anomalies_truncated": {k: n for k, n in counts.items() if n > len(found[k])},
-            "invalid_types": sorted(inv_types),
-            "history": {"ops": len(self.h), "orphan_completions": self.orphans, "malformed": self.malformed},
-        }
-        for st in stats["queues"].values():
-            st.pop("pairs", None)
-            st.pop("exactly_once", None)
-        return CheckResult(valid=valid, anomalies=anomalies, stats=stats)
+        return cases
 
     @staticmethod
     def _deliv_mid(w: Deliv | None, rec: list[Any] | None) -> Any:
@@ -435,3 +480,8 @@ class _QueueCheck(OpRefs):
         v = op.value
         m = v[j] if isinstance(v, (list, tuple)) and j < len(v) else v
         return m.get("message_id") if isinstance(m, dict) else None
+
+
+def _ratio(exactly_once: int, pairs: int) -> float | None:
+    """The exactly-once ratio of the stats: the share of pairs delivered exactly once (None: no pairs)."""
+    return round(exactly_once / pairs, 6) if pairs else None

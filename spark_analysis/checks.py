@@ -94,7 +94,7 @@ def roles_table(spark: SparkSession, runs: list[Run]) -> DataFrame:
 # ------------------------------------------------------------------------------------ columns
 
 def norm_value(col: Any) -> Any:
-    """checkers.log._norm for the integer values: a JSON int, a JSON string of an int (whitespace
+    """checkers.toolkit.norm_value for the integer values: a JSON int, a JSON string of an int (whitespace
     and sign allowed, as Python's int()), an integral float; anything else is null."""
     s = F.trim(col)
     quoted = F.regexp_extract(s, r'^"\s*([-+]?[0-9]+)\s*"$', 1)
