@@ -10,6 +10,7 @@ from typing import Any
 
 from checkers import REGISTRY as CHECKERS
 from checkers import Checker, select
+from checkers.toolkit import Cases, anomalies_of, anomaly_stats, verdict
 from core.history import FAIL, INFO, INVOKE, OK, CheckResult, Op
 from core.spec import TestSpec
 from nemesis import REGISTRY as FAULTS
@@ -56,10 +57,8 @@ class NudgeNemesis(Nemesis):
 # ------------------------------------------------------------------------------------ the checker
 
 
-def check_sequence(history: list[Op], opts: dict[str, Any] | None = None) -> CheckResult:
-    """ZooKeeper's sequential znodes: every ok `create` got a sequence number no other ok create got
-    (`duplicate-sequence`), and one that completed before another was invoked got a smaller number
-    (`sequence-reordered`, real-time order)."""
+def creates(history: list[Op]) -> list[tuple[Op, Op]]:
+    """(invoke, ok completion) of every create that got a sequence number."""
     invoked: dict[int, Op] = {}
     done: list[tuple[Op, Op]] = []
     for op in history:
@@ -69,26 +68,43 @@ def check_sequence(history: list[Op], opts: dict[str, Any] | None = None) -> Che
             invoked[op.process] = op
         elif op.type == OK and op.process in invoked and isinstance(op.value, int):
             done.append((invoked.pop(op.process), op))
-    anomalies: dict[str, list[Any]] = {}
+    return done
+
+
+def duplicate_sequence_cases(done: list[tuple[Op, Op]], cases: Cases) -> None:
+    """`duplicate-sequence`: two ok creates got the same number; evidence: the number and both ops."""
     seen: dict[int, Op] = {}
     for _, ok in done:
         first = seen.setdefault(ok.value, ok)
         if first is not ok:
-            anomalies.setdefault("duplicate-sequence", []).append(
-                {"sequence": ok.value, "ops": [first.index, ok.index]})
+            cases.add(lambda ok=ok, first=first: {"sequence": ok.value, "ops": [first.index, ok.index]})
+
+
+def reordered_cases(done: list[tuple[Op, Op]], cases: Cases) -> None:
+    """`sequence-reordered`: a create invoked after another had completed got a smaller number (the
+    real-time order says it came later); evidence: it, and the highest number completed before it."""
     by_end = sorted(done, key=lambda p: p[1].time_ns)
-    best: tuple[int, Op] | None = None         # the highest number among creates completed so far
+    best: Op | None = None                  # the create with the highest number completed so far
     j = 0
     for inv, ok in sorted(done, key=lambda p: p[0].time_ns):
         while j < len(by_end) and by_end[j][1].time_ns < inv.time_ns:
-            if best is None or by_end[j][1].value > best[0]:
-                best = (by_end[j][1].value, by_end[j][1])
+            if best is None or by_end[j][1].value > best.value:
+                best = by_end[j][1]
             j += 1
-        if best is not None and ok.value < best[0]:
-            anomalies.setdefault("sequence-reordered", []).append(
-                {"sequence": ok.value, "op": ok.index, "after": best[1].index, "after_sequence": best[0]})
-    return CheckResult(valid=not anomalies, anomalies=anomalies, stats={"creates_ok": len(done)})
+        if best is not None and ok.value < best.value:
+            cases.add(lambda ok=ok, best=best: {"sequence": ok.value, "op": ok.index, "after": best.index,
+                                                "after_sequence": best.value})
 
+
+def check_sequence(history: list[Op], opts: dict[str, Any] | None = None) -> CheckResult:
+    """ZooKeeper's sequential znodes: every ok `create` got a number no other ok create got, and one
+    that completed before another was invoked got a smaller number."""
+    done = creates(history)
+    cases = {"duplicate-sequence": Cases(None), "sequence-reordered": Cases(None)}
+    duplicate_sequence_cases(done, cases["duplicate-sequence"])
+    reordered_cases(done, cases["sequence-reordered"])
+    return CheckResult(valid=verdict(cases, cases), anomalies=anomalies_of(cases),
+                       stats={"creates_ok": len(done), **anomaly_stats(cases)})
 
 
 # ------------------------------------------------------------------------------------ the workload
