@@ -61,3 +61,32 @@ def test_one_owner_per_bundle_and_redirects(zk):
         finally:
             await s.close()
     asyncio.run(scenario())
+
+
+def test_a_restarted_broker_retakes_its_previous_sessions_lock_instead_of_adopting_it(zk):
+    """A broker restarted before its old ZooKeeper session expired finds the bundle lock naming itself
+    but held by that session. It must re-create the lock under its new session: adopting it as it is
+    let the old session's expiry delete it, another broker take the bundle, and both serve it."""
+    async def scenario():
+        cfg = BrokerConfig(name="broker-1", host="127.0.0.1", zk=zk, data_dir="/tmp")
+        topic = "persistent://public/default/restarted"
+        old_store = await MetadataStore(zk, name="old").start()
+        old = Ownership(old_store, cfg)
+        await old.start()
+        assert (await old.lookup(topic, authoritative=True)).kind == "connect"
+        bundle = old.bundle(topic)
+        new_store = await MetadataStore(zk, name="new").start()        # the restarted process
+        other_store = await MetadataStore(zk, name="other").start()
+        try:
+            new = Ownership(new_store, cfg)
+            await new.start()
+            assert (await new.lookup(topic, authoritative=True)).kind == "connect" and new.owns(topic)
+            assert await new_store.owner_session(bundle.path) == new_store.session_id
+            await old_store.close()                                      # the old session ends
+            other = Ownership(other_store, BrokerConfig(name="broker-2", host="127.0.0.2", zk=zk, data_dir="/tmp"))
+            await other.start()
+            assert await other.acquire(bundle) == new.me and not other.owns(topic)
+        finally:
+            await new_store.close()
+            await other_store.close()
+    asyncio.run(scenario())

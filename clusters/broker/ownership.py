@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from clusters.config import BrokerConfig
-from clusters.metadata.store import MetadataStore, NodeExists, NoNode
+from clusters.metadata.store import BadVersion, MetadataStore, NodeExists, NoNode
 
 log = logging.getLogger(__name__)
 
@@ -172,10 +172,28 @@ class Ownership:
         except NodeExists:
             owner = await self.owner(bundle)
             if owner == self.me:
+                if await self.store.owner_session(bundle.path) != self.store.session_id:
+                    return await self._retake(bundle)
                 self.owned.add(bundle)
             return owner or ""
         self.owned.add(bundle)
         log.info("acquired bundle %s", bundle)
+        return self.me
+
+    async def _retake(self, bundle: Bundle) -> str:
+        """The lock names us but another session holds it: the one of this broker's previous
+        incarnation (restarted before that session expired). Re-create it under our session, as Pulsar's
+        ResourceLockImpl revalidates a lock it finds with its own value; adopting it as it is would let
+        the old session's expiry delete it and hand the bundle to another broker while we serve it."""
+        got = await self.store.get_or_none(bundle.path)
+        try:
+            if got is not None:
+                await self.store.delete(bundle.path, version=got[1])
+            await self.store.create(bundle.path, self._my_data(), ephemeral=True, makepath=True)
+        except (NoNode, NodeExists, BadVersion):
+            return await self.owner(bundle) or ""      # changed under us: whoever holds it now
+        self.owned.add(bundle)
+        log.info("acquired bundle %s (its lock was held by a previous session of this broker)", bundle)
         return self.me
 
     async def release(self, bundle: Bundle) -> None:
@@ -223,6 +241,8 @@ class Ownership:
                 if target != self.me:
                     return LookupResult("redirect", f"pulsar://{target}", True)
                 owner = await self.acquire(bundle)
+            elif owner == self.me and bundle not in self.owned:
+                owner = await self.acquire(bundle)     # a lock left by our previous incarnation
             if owner == self.me:
                 self.owned.add(bundle)
                 return LookupResult("connect", self.cfg.service_url, True)
