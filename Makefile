@@ -2,6 +2,8 @@
 .PHONY: setup run test test-fast bench clean-clusters docker-image
 VENV ?= .venv
 PYTEST_ARGS ?=
+# test processes (pytest-xdist; a test file stays in one process, so its cluster fixtures are shared)
+TEST_JOBS ?= 2
 # `make setup BACKEND=docker` (or PULSAR_CHAOS_BACKEND=docker) also sets up the docker backend
 BACKEND ?= $(PULSAR_CHAOS_BACKEND)
 
@@ -17,7 +19,7 @@ run: setup
 	$(VENV)/bin/pulsar-chaos run --time-limit 60
 
 test: setup
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
 
 # unit tests only (no root, no namespaces)
 test-fast: setup

@@ -166,11 +166,11 @@ class Run:
     def _deploy(self) -> None:
         from clusters.deploy import backends
         from clusters.deploy.spec import ClusterSpec
+        from nemesis.registry import deployment_needs
         spec = self.spec
         cspec = ClusterSpec(name=self.cluster_name, brokers=spec.brokers, bookies=spec.bookies,
                             zookeepers=spec.zookeepers, ensemble=spec.ensemble, write_quorum=spec.write_quorum,
                             ack_quorum=spec.ack_quorum, clients=1, bugs=dict(spec.bugs))
-        from nemesis.registry import deployment_needs
         # what the faults declare they need of the deployment (fake clocks, lazy disks, ...)
         faults = [*spec.nemesis, *(e["name"] for e in spec.nemesis_schedule)]
         for field_name, roles in deployment_needs(faults).items():

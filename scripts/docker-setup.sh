@@ -10,6 +10,13 @@ die() { echo "error: $1 (fix: $2)" >&2; exit 2; }
 
 [ "$(id -u)" -eq 0 ] || die "the docker backend's set-up needs root (apt-get, dockerd)" "run it as root: sudo make setup BACKEND=docker"
 
+# one set-up at a time on this host (parallel test workers each ask for the image): the others wait
+# for it, then find everything in place
+LOCK=/run/lock/pulsar-chaos-docker-setup.lock
+mkdir -p "$(dirname "$LOCK")"
+exec 8>"$LOCK"
+flock 8
+
 # ---- packages
 need=()
 for p in docker.io debootstrap; do
