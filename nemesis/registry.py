@@ -28,6 +28,7 @@ DEFAULT_COLOUR = "#D9C8A8"
 # Colours for fault names no entry declares (histories from other tools): a stable pick by name.
 OTHER_COLOURS = ("#F2C29B", "#C9D7A0", "#E7B3CF", "#B5C7E8", "#D9C8A8", "#BFE3C8")
 SERVER_ROLES = ("bookie", "broker")
+DEPLOYABLE = ("fake_clocks", "lazy_disks")       # ClusterSpec fields a fault may ask the runner to set
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,12 @@ class Fault:
     colour: str = DEFAULT_COLOUR          # its band and swatch in the report
     deploy: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     takes_grudge: bool = False
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.deploy) - set(DEPLOYABLE))
+        if unknown:       # a misspelt need would otherwise be set on the ClusterSpec and never read
+            raise ValueError(f"Fault(deploy=...) names {unknown}, which ClusterSpec does not have; "
+                             f"use {', '.join(DEPLOYABLE)}")
 
 
 def _plain(make_one: Callable[[], Nemesis]) -> Callable[[str | None], Nemesis]:

@@ -134,3 +134,9 @@ def test_a_plugin_fault_workload_and_checker_run_end_to_end(tmp_path, plugin):
     finally:
         _force_down(cluster, remove=True)
 
+
+
+def test_a_fault_entry_refuses_a_deployment_need_the_runner_cannot_set():
+    from nemesis.registry import Fault
+    with pytest.raises(ValueError, match="fake_clock"):
+        Fault(lambda _param: None, "a misspelt need", deploy={"fake_clock": ("broker",)})
