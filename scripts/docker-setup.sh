@@ -15,7 +15,7 @@ die() { echo "error: $1 (fix: $2)" >&2; exit 2; }
 LOCK=/run/lock/pulsar-chaos-docker-setup.lock
 mkdir -p "$(dirname "$LOCK")"
 exec 8>"$LOCK"
-flock 8
+flock -w 1800 8 || die "another set-up has held $LOCK for 30 minutes" "see which process holds it (fuser $LOCK) and end it, then rerun"
 
 # ---- packages
 need=()
@@ -48,7 +48,8 @@ if ! docker info >/dev/null 2>&1; then
   else
     echo "starting dockerd (log: $DOCKERD_LOG)"
     mkdir -p "$(dirname "$DOCKERD_LOG")"
-    setsid nohup dockerd >>"$DOCKERD_LOG" 2>&1 </dev/null &
+    # 8>&-: the engine outlives this script and must not inherit (and so keep) the set-up lock
+    setsid nohup dockerd >>"$DOCKERD_LOG" 2>&1 </dev/null 8>&- &
   fi
   for _ in $(seq 1 120); do
     docker info >/dev/null 2>&1 && break

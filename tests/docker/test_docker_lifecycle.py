@@ -4,11 +4,13 @@ cleanup_all, which never touches anything not labelled ours."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 import textwrap
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +24,23 @@ pytestmark = [pytest.mark.integration, pytest.mark.docker]
 def small_spec(name: str) -> ClusterSpec:
     return ClusterSpec(name=name, zookeepers=1, bookies=0, brokers=0, clients=1,
                        ensemble=1, write_quorum=1, ack_quorum=1)
+
+
+def _points_to(fd: Path, target: str) -> bool:
+    try:
+        return os.readlink(fd) == target
+    except OSError:
+        return False
+
+
+def test_the_set_up_lock_is_free_once_the_set_up_returned(docker_image):
+    """Every test worker runs scripts/docker-setup.sh under one host lock; the dockerd it starts on a
+    fresh machine must not inherit the lock (it outlives the script, and the other workers would wait
+    for it for ever)."""
+    lock = "/run/lock/pulsar-chaos-docker-setup.lock"
+    free = subprocess.run(["flock", "-n", lock, "true"], capture_output=True)
+    holders = [fd.parts[2] for fd in Path("/proc").glob("[0-9]*/fd/*") if _points_to(fd, lock)]
+    assert free.returncode == 0, f"{lock} is still held after the set-up returned, by pids {holders}"
 
 
 def test_missing_image_is_a_one_line_error_naming_the_fix(docker_image):
