@@ -32,6 +32,21 @@ KNOBS: dict[str, Knob] = {
                "and keeps it after a failed write (Pulsar before apache/pulsar#5243, the bug of #5218), so "
                "a producer's resend of a message whose write failed is acknowledged as a duplicate and "
                "never stored"),
+    "broker.reactivate_on_release_failure": Knob(
+        False, "a broker whose ZooKeeper delete of a bundle lock fails while unloading it re-activates the "
+               "bundle and serves it again, although the delete's outcome is unknown and another broker may "
+               "own it now (apache/pulsar#7517; the two-owner family of #24478): two owners"),
+    "broker.split_without_cas": Knob(
+        False, "a bundle split reads the namespace's boundaries and writes them back without a version "
+               "check, in separate steps, so concurrent splits of one namespace overwrite each other's "
+               "boundaries (apache/pulsar#1117, #1428): a split's children vanish from the boundaries while "
+               "their owner serves them, and the parent range is assigned again"),
+    "lb.shed_to_owner": Knob(
+        False, "load shedding may choose the bundle's current owner as the destination, so the bundle is "
+               "unloaded and assigned back to the same broker over and over (apache/pulsar#20822)"),
+    "lb.keep_preallocations": Knob(
+        False, "the leader never clears a bundle's preallocation, not even when the broker dies, so it keeps "
+               "assigning the bundle to a dead broker (apache/pulsar#478, #481)"),
 }
 
 

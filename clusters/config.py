@@ -54,7 +54,16 @@ class BrokerConfig(NodeConfig):
     ensemble: int = 3
     write_quorum: int = 2
     ack_quorum: int = 2
-    bundles: int = 4                        # bundles per namespace (hash ranges of topic names)
+    bundles: int = 4                        # defaultNumberOfNamespaceBundles: bundles of a new namespace
+    # the load manager (clusters/loadbalancer/manager.py: LOAD_MANAGERS) and its settings, under
+    # Pulsar's ServiceConfiguration names (clusters/loadbalancer/settings.py), e.g.
+    # {"loadBalancerSheddingIntervalMinutes": 0.1}
+    load_manager: str = "modular"
+    load_balancer: dict[str, Any] = field(default_factory=dict)
+    # this broker's limits, against which its measured load is a percentage (signals.py)
+    cpu_cores: float = 1.0                  # Pulsar: availableProcessors / the cgroup quota
+    memory_limit_mb: float = 1024.0         # Pulsar: the JVM's max heap
+    nic_speed_gbps: float = 1.0             # loadBalancerOverrideBrokerNicSpeedGbps
     max_entries_per_ledger: int = 50000
     max_ledger_size_mb: int = 256
     max_ledger_age_s: float = 4 * 3600.0    # managedLedgerMaxLedgerRolloverTimeMinutes (also a timer)

@@ -39,6 +39,11 @@ class Catalog(Protocol):
                         ack_quorum: int) -> tuple[str, str, str] | None:
         """(field, problem, fix) if the cluster shape cannot be deployed; None if it can."""
 
+    def load_manager_names(self) -> Sequence[str]: ...
+
+    def lb_settings_problem(self, settings: Mapping[str, Any]) -> tuple[str, str] | None:
+        """(problem, fix) if the load-balancer settings are not Pulsar's names and types; None if fine."""
+
 
 def _fault_problem(name: Any, catalog: Catalog | None) -> tuple[str, str] | None:
     """Why `name` is not a fault name (a word, or NAME:PARAM), asking the catalog when there is one."""
@@ -78,6 +83,9 @@ class TestSpec:
     write_quorum: int = 2
     ack_quorum: int = 2
     bugs: dict[str, Any] = field(default_factory=dict)
+    load_manager: str = "modular"           # the brokers' load manager
+    # load-balancer settings under Pulsar's names, e.g. loadBalancerSheddingIntervalMinutes = 0.1
+    lb_settings: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)   # the workload's options (its OPTIONS)
     seed: int = 0                           # 0: pick one at random (recorded in test.toml)
     results_dir: str = "results"
@@ -148,6 +156,16 @@ class TestSpec:
             for k in self.bugs:
                 if k not in knobs:
                     raise err("bugs", f"unknown bug knob {k!r}", f"use one of {', '.join(knobs)}")
+        if catalog is not None and self.load_manager not in catalog.load_manager_names():
+            raise err("load_manager", f"unknown load manager {self.load_manager!r}",
+                      f"use one of {', '.join(catalog.load_manager_names())}")
+        if not isinstance(self.lb_settings, dict):
+            raise err("lb_settings", "must be a table of setting = value",
+                      "write e.g. [lb_settings] loadBalancerSheddingIntervalMinutes = 0.1")
+        if catalog is not None:
+            problem = catalog.lb_settings_problem(self.lb_settings)
+            if problem is not None:
+                raise err("lb_settings", *problem)
         if not isinstance(self.options, dict):
             raise err("options", "must be a table of option = value", 'write e.g. [options] dedup = true')
         if catalog is not None:

@@ -44,5 +44,18 @@ class RegistryCatalog:
         from clusters.deploy.spec import shape_problem
         return shape_problem(zookeepers, bookies, ensemble, write_quorum, ack_quorum)
 
+    def load_manager_names(self) -> Sequence[str]:
+        from clusters.loadbalancer.manager import LOAD_MANAGERS
+        return tuple(LOAD_MANAGERS)
+
+    def lb_settings_problem(self, settings: Mapping[str, Any]) -> tuple[str, str] | None:
+        from clusters.loadbalancer.settings import LoadBalancerSettings
+        try:
+            LoadBalancerSettings.from_mapping(settings)
+        except ValueError as e:
+            return (str(e), "use Pulsar's setting names and value types, as in broker.conf "
+                            "(clusters/loadbalancer/settings.py lists them)")
+        return None
+
 
 CATALOG = RegistryCatalog()

@@ -174,6 +174,27 @@ def _up_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--subnet", default=None, help="an unused private /24 (default: first free 10.213.X.0/24)")
     p.add_argument("--bug", action="append", default=[], metavar="KEY[=VALUE]",
                    help="turn on a bug knob of the reference system (repeatable)")
+    _lb_args(p, "modular")
+
+
+def _lb_args(p: argparse.ArgumentParser, default: str | None) -> None:
+    p.add_argument("--load-manager", default=default, metavar="NAME",
+                   help="the brokers' load manager: modular (Pulsar's ModularLoadManagerImpl; the default)")
+    p.add_argument("--lb-setting", action="append", default=None, metavar="NAME=VALUE",
+                   help="a load-balancer setting under Pulsar's name, e.g. "
+                        "loadBalancerSheddingIntervalMinutes=0.1 (repeatable)")
+
+
+def _lb_settings(items: list[str] | None) -> dict[str, Any]:
+    """`NAME=VALUE` strings -> {NAME: VALUE} (values stay strings: the settings coerce them)."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise UserError(f"--lb-setting {item!r} is not NAME=VALUE",
+                            "write e.g. --lb-setting loadBalancerSheddingIntervalMinutes=0.1")
+        out[name.strip()] = value.strip()
+    return out
 
 
 @cluster_command("up", "start a cluster (it keeps running after this command) and print its service URL",
@@ -184,7 +205,8 @@ def _cluster_up(args: argparse.Namespace) -> int:
     spec = ClusterSpec(name=_cluster_name(args), brokers=args.brokers, bookies=args.bookies,
                        zookeepers=args.zookeepers, ensemble=args.ensemble, write_quorum=args.write_quorum,
                        ack_quorum=args.ack_quorum, clients=args.clients, bugs=bugs.parse(args.bug),
-                       subnet=args.subnet)
+                       subnet=args.subnet, load_manager=args.load_manager,
+                       lb_settings=_lb_settings(args.lb_setting))
     cluster = _cluster_class(args.backend)(spec)          # validates the spec
     if is_tty():
         print(f"starting cluster {spec.name!r} in {spec.base_dir} ...", file=sys.stderr)
@@ -391,6 +413,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ack-quorum", type=int, default=None, metavar="N", help="acks before an add succeeds, Qa (default 2)")
     p.add_argument("--bug", action="append", default=None, metavar="KEY[=VALUE]",
                    help="turn on a bug knob of the reference system (repeatable)")
+    _lb_args(p, None)
     p.add_argument("--seed", type=int, default=None, metavar="N", help="random seed (default: a random one, saved in test.toml)")
     p.add_argument("--test-name", default=None, metavar="NAME", help="the run folder's parent name (default log-chaos)")
     p.add_argument("--results-dir", default=None, metavar="DIR", help="where run folders go (default results)")
@@ -405,7 +428,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
 
 _RUN_FLAGS = ("workload", "nemesis", "nemesis_interval", "nemesis_overlap", "time_limit", "rate", "concurrency", "topics", "brokers",
               "bookies", "zookeepers", "ensemble", "write_quorum", "ack_quorum", "seed", "test_name",
-              "results_dir", "backend", "settle", "final_read_timeout", "client_lifetime")
+              "results_dir", "backend", "settle", "final_read_timeout", "client_lifetime", "load_manager")
 
 
 @command("run", "run a chaos test: deploy a cluster, drive the workload under faults, check the history, "
@@ -422,6 +445,8 @@ def _run(args: argparse.Namespace) -> int:
                 overrides["bugs"] = bugs.parse(args.bug)
             except bugs.UnknownBugKnob as e:
                 raise SpecError("--bug", str(e), "drop that --bug or use a known knob") from None
+        if args.lb_setting:
+            overrides["lb_settings"] = _lb_settings(args.lb_setting)
         if args.option:
             from core.spec import parse_options
             overrides["options"] = parse_options(args.option)

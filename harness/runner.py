@@ -54,7 +54,7 @@ def spec_from_args(spec_path: str | Path | None, overrides: dict[str, Any]) -> T
         from_mapping(raw, source, catalog=CATALOG)  # the file alone must be valid: errors name the file
         raw = {k.replace("-", "_"): v for k, v in raw.items()}
     flags = {k: v for k, v in overrides.items() if v is not None}
-    for table in ("bugs", "options"):
+    for table in ("bugs", "options", "lb_settings"):
         if table in flags:
             flags[table] = {**(raw.get(table) or {}), **flags[table]}
     raw.update(flags)
@@ -63,7 +63,7 @@ def spec_from_args(spec_path: str | Path | None, overrides: dict[str, Any]) -> T
     except SpecError as e:
         if e.field in flags:
             flag = "--" + e.field.replace("_", "-")
-            flag = {"--bugs": "--bug", "--options": "--option"}.get(flag, flag)
+            flag = {"--bugs": "--bug", "--options": "--option", "--lb-settings": "--lb-setting"}.get(flag, flag)
             raise SpecError(flag, e.problem, e.fix.replace(e.field, flag)) from None
         if source and not e.source:
             raise SpecError(e.field, e.problem, e.fix, source) from None
@@ -170,7 +170,8 @@ class Run:
         spec = self.spec
         cspec = ClusterSpec(name=self.cluster_name, brokers=spec.brokers, bookies=spec.bookies,
                             zookeepers=spec.zookeepers, ensemble=spec.ensemble, write_quorum=spec.write_quorum,
-                            ack_quorum=spec.ack_quorum, clients=1, bugs=dict(spec.bugs))
+                            ack_quorum=spec.ack_quorum, clients=1, bugs=dict(spec.bugs),
+                            load_manager=spec.load_manager, lb_settings=dict(spec.lb_settings))
         # what the faults declare they need of the deployment (fake clocks, lazy disks, ...)
         faults = [*spec.nemesis, *(e["name"] for e in spec.nemesis_schedule)]
         for field_name, roles in deployment_needs(faults).items():

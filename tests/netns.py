@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from clusters.broker.ownership import bundle_of
+from clusters.loadbalancer.bundles import NamespaceBundles, local_policies_path, parse_bundles_data, topic_namespace
 from clusters.deploy.netns import ClusterSpec, NetnsCluster
 
 
@@ -57,7 +57,10 @@ def owner_node(cluster: Any, topic: str) -> str:
     zk = KazooClient(hosts=cluster.zk_connect)
     zk.start(20)
     try:
-        data, _ = zk.get(bundle_of(topic, 4).path)
+        namespace, _ = topic_namespace(topic)
+        raw, _ = zk.get(local_policies_path(namespace))        # its bundles as they are now (splits)
+        nb = NamespaceBundles(namespace, parse_bundles_data(json.loads(raw)["bundles"]))
+        data, _ = zk.get(nb.bundle_of(topic).path)
     finally:
         zk.stop()
         zk.close()

@@ -55,6 +55,8 @@ class ServerCnx(asyncio.Protocol):
     def __init__(self, service: Any, *, keepalive_interval: float = KEEPALIVE_INTERVAL,
                  max_message_size: int | None = None):
         self.service = service
+        # the broker's byte counters (its bandwidth in/out, a load-balancer signal), when it has them
+        self._io = getattr(service, "io", None)
         cfg = getattr(service, "config", None)
         self.max_message_size = int(max_message_size or getattr(cfg, "max_message_size", 0)
                                     or frames.DEFAULT_MAX_MESSAGE_SIZE)
@@ -121,6 +123,8 @@ class ServerCnx(asyncio.Protocol):
             self._keepalive_handle = self.loop.call_later(self.keepalive_interval, self._keepalive)
 
     def data_received(self, data: bytes) -> None:
+        if self._io is not None:
+            self._io.bytes_in += len(data)
         self._last_read = self.loop.time()
         self._ping_outstanding = False
         if self._liveness_waiters:
@@ -241,6 +245,8 @@ class ServerCnx(asyncio.Protocol):
         if not out or self.transport is None or self.state == "closed":
             return
         self._out = []
+        if self._io is not None:
+            self._io.bytes_out += sum(len(b) for b in out)
         self.transport.writelines(out)
 
     def send_command(self, cmd: pb.BaseCommand) -> None:

@@ -151,13 +151,19 @@ class AdminHttpServer(HttpServer):
             if len(s) == 8 and s[2] == "topic" and s[7] == "bundle":
                 _allow(req, "a topic's bundle", "GET")
                 topic = self._topic(s[3], s[4:7])
-                return Response(200, self.service.ownership.bundle(topic).range_name)
+                return Response(200, (await _zk(self.service.ownership.bundle_for(topic))).range_name)
             if len(s) >= 7 and s[2] == "topic":
                 _allow(req, "a topic lookup", "GET")
                 topic = self._topic(s[3], s[4:])
                 return Response(200, await self.lookup(topic, req.flag("authoritative")))
         elif s[:3] == ["admin", "v2", "brokers"]:
             return await self._brokers(req, s[3:])
+        elif s == ["admin", "v2", "clusters"]:
+            _allow(req, "the cluster list", "GET")
+            return Response(200, [self.cfg.cluster])
+        elif s == ["admin", "v2", "broker-stats", "load-report"]:
+            _allow(req, "the load report", "GET")
+            return Response(200, self.service.load_manager.load_report())
         elif s[:3] == ["admin", "v2", "namespaces"] and len(s) >= 4:
             return await self._namespaces(req, s[3:])
         elif s[:2] == ["admin", "v2"] and len(s) >= 5 and s[2] in ("persistent", "non-persistent"):
@@ -178,6 +184,12 @@ class AdminHttpServer(HttpServer):
 
     # -- /admin/v2/brokers -----------------------------------------------------------------
     async def _brokers(self, req: Request, rest: list[str]) -> Response:
+        if rest == ["leaderBroker"]:
+            _allow(req, "the leader broker", "GET")
+            leader = await _zk(self.service.load_manager.leader())
+            if leader is None:
+                raise HttpError(404, "no broker is the load-balancer leader now")
+            return Response(200, leader)
         if len(rest) == 1 and rest[0] in ("health", "ready"):
             _allow(req, f"/admin/v2/brokers/{rest[0]}", "GET")
             if rest[0] == "health" or self.service.store.connected:
@@ -198,15 +210,18 @@ class AdminHttpServer(HttpServer):
             raise HttpError(404, f"unknown cluster {cluster[:60]!r}; this broker belongs to {self.cfg.cluster!r}")
 
     async def _live_brokers(self) -> list[dict[str, str]]:
-        """Every registered broker: {"id": host:port, "web": host:http_port, "web_url", "name"}."""
+        """Every registered broker: {"id": its brokerId host:http_port, "web": the same, "web_url",
+        "service_url", "name"}."""
         out = []
         for key in await _zk(self.service.store.children(BROKERS_PATH)):
             got = await _zk(self.service.store.get_or_none(f"{BROKERS_PATH}/{key}"))
             data = decode_json_object(got[0] if got else b"")
-            web_url = data.get("web_url") if isinstance(data.get("web_url"), str) else \
-                f"http://{key.rsplit(':', 1)[0]}:{self.cfg.http_port}"
+            web_url = data.get("webServiceUrl") or data.get("web_url")
+            if not isinstance(web_url, str):
+                web_url = f"http://{key}"
+            service_url = data.get("pulsarServiceUrl") or data.get("service_url") or ""
             out.append({"id": key, "web": web_url.split("://", 1)[-1], "web_url": web_url,
-                        "name": str(data.get("name", ""))})
+                        "service_url": str(service_url), "name": str(data.get("name", ""))})
         return out
 
     async def _owned_namespaces(self, req: Request, broker: str) -> Response:
@@ -383,6 +398,12 @@ class AdminHttpServer(HttpServer):
             return None
         if req.flag("forwarded"):
             raise HttpError(503, f"{topic} is owned by {res.url}, not this broker (ownership is moving); retry")
+        if res.kind == "redirect" and not res.authoritative:
+            # sent to the load-balancer leader: follow the lookup to the broker that takes the bundle
+            found = await self.lookup(topic)
+            if found["brokerUrl"] == self.cfg.service_url:
+                return None
+            return await self._forward(req, found["httpUrl"], topic)
         web = await self.web_url_of(res.url)
         return await self._forward(req, web, topic, authoritative=res.kind == "redirect")
 
@@ -417,7 +438,7 @@ class AdminHttpServer(HttpServer):
         if len(rest) == 2:
             method = _allow(req, "a namespace", "GET", "PUT")
             if method == "PUT":
-                return await self._create_namespace(namespace)
+                return await self._create_namespace(namespace, req)
             return Response(200, await self._effective_policies(namespace))
         what = rest[2]
         if len(rest) == 3:
@@ -432,7 +453,7 @@ class AdminHttpServer(HttpServer):
                 return Response(200, await self._bundles(namespace))
             if what == "unload":
                 _allow(req, "/unload", "PUT")
-                for b in self._bundle_list(namespace):
+                for b in await self._bundle_list(namespace):
                     await self._unload_bundle(req, b)
                 return Response(204, b"")
             if what in _NS_POLICY_ACTIONS:
@@ -440,12 +461,18 @@ class AdminHttpServer(HttpServer):
                 return await self._ns_policy(req, method, namespace, what)
             if what.startswith("0x"):
                 _allow(req, "a bundle", "GET")
-                return Response(200, await self._bundle_info(namespace, self._parse_bundle(namespace, what)))
+                return Response(200, await self._bundle_info(namespace, await self._parse_bundle(namespace, what)))
             raise HttpError(404, f"no such namespace resource {what[:60]!r}")
         if len(rest) == 4 and rest[3] == "unload" and what.startswith("0x"):
             _allow(req, "/unload", "PUT")
-            bundle = self._parse_bundle(namespace, what)
+            bundle = await self._parse_bundle(namespace, what)
+            dest = req.arg("destinationBroker")
+            if dest:
+                return await self._unload_to(req, bundle, dest)
             return await self._unload_bundle(req, bundle)
+        if len(rest) == 4 and rest[3] == "split" and what.startswith("0x"):
+            _allow(req, "/split", "PUT")
+            return await self._split_bundle(req, await self._parse_bundle(namespace, what))
         raise HttpError(404, f"no such resource: {req.path[:200]}")
 
     async def _tenant_namespaces(self, tenant: str) -> list[str]:
@@ -454,10 +481,24 @@ class AdminHttpServer(HttpServer):
             names.update(await _zk(self.service.store.children(f"{root}/{tenant}")))
         return sorted(f"{tenant}/{n}" for n in names)
 
-    async def _create_namespace(self, namespace: str) -> Response:
+    async def _create_namespace(self, namespace: str, req: Request) -> Response:
+        """PUT /admin/v2/namespaces/{t}/{ns}, optionally with Pulsar's Policies body; its `bundles`
+        ({"numBundles": n} or {"boundaries": [...]}, `pulsar-admin namespaces create --bundles n`)
+        sets the namespace's initial bundles (defaultNumberOfNamespaceBundles otherwise)."""
+        from clusters.loadbalancer.bundles import BundleError, bundles_data, initial_boundaries, parse_bundles_data
         path = policies_path(namespace)
+        body = req.json() if req.body.strip() else {}
+        if not isinstance(body, dict):
+            raise HttpError(400, "the namespace policies must be a JSON object")
         try:
-            await asyncio.wait_for(self.service.store.create(path, b"{}", makepath=True), ZK_READ_TIMEOUT)
+            bounds = (parse_bundles_data(body["bundles"]) if body.get("bundles") is not None
+                      else initial_boundaries(int(self.cfg.bundles)))
+        except BundleError as e:
+            raise HttpError(400, f"invalid bundles: {e}") from None
+        policies = {"bundles": bundles_data(bounds)}
+        try:
+            await asyncio.wait_for(self.service.store.create(path, json.dumps(policies).encode(), makepath=True),
+                                   ZK_READ_TIMEOUT)
         except asyncio.TimeoutError:
             raise HttpError(503, "ZooKeeper is not reachable now") from None
         except NodeExists:
@@ -479,7 +520,7 @@ class AdminHttpServer(HttpServer):
         except PolicyError:
             pol = cache.base
         out = pol.to_json()
-        out["bundles"] = self._bundles_json(namespace)
+        out["bundles"] = await self._bundles_json(namespace)
         return out
 
     async def _ns_policy(self, req: Request, method: str, namespace: str, what: str) -> Response:
@@ -497,30 +538,87 @@ class AdminHttpServer(HttpServer):
         return Response(204, b"")
 
     # -- bundles -------------------------------------------------------------------------
-    def _bundle_list(self, namespace: str) -> list[Any]:
-        return self.service.ownership.bundles(namespace)
+    async def _bundle_list(self, namespace: str) -> list[Any]:
+        """The namespace's bundles as its local policies say now (read afresh: a split made on
+        another broker shows at once)."""
+        return list((await _zk(self.service.ownership.namespace_bundles(namespace, fresh=True))).bundles)
 
-    def _bundles_json(self, namespace: str) -> dict[str, Any]:
-        bundles = self._bundle_list(namespace)
-        bounds = [f"0x{b.lower:08x}" for b in bundles] + ["0xffffffff"]
-        return {"boundaries": bounds, "numBundles": len(bundles)}
+    async def _bundles_json(self, namespace: str) -> dict[str, Any]:
+        nb = await _zk(self.service.ownership.namespace_bundles(namespace, fresh=True))
+        return nb.to_json()
 
     async def _bundles(self, namespace: str) -> dict[str, Any]:
-        out = self._bundles_json(namespace)
+        out = await self._bundles_json(namespace)
         owners = {}
-        for b in self._bundle_list(namespace):
+        for b in await self._bundle_list(namespace):
             owners[b.range_name] = await _zk(self.service.ownership.owner(b))
         out["owners"] = owners
         return out
 
-    def _parse_bundle(self, namespace: str, name: str) -> Any:
+    async def _parse_bundle(self, namespace: str, name: str) -> Any:
         if not _BUNDLE_RE.match(name):
             raise HttpError(400, f"malformed bundle {name[:60]!r}; expected 0xLLLLLLLL_0xUUUUUUUU")
-        for b in self._bundle_list(namespace):
+        bundles = await self._bundle_list(namespace)
+        for b in bundles:
             if b.range_name == name.lower():
                 return b
-        names = ", ".join(b.range_name for b in self._bundle_list(namespace))
+        names = ", ".join(b.range_name for b in bundles)
         raise HttpError(404, f"no bundle {name[:60]} in {namespace}; its bundles are {names}")
+
+    async def _unload_to(self, req: Request, bundle: Any, dest: str) -> Response:
+        """Unload with a destination (Pulsar: bundle affinity on the leader): the leader records where
+        the bundle goes next, then has its owner unload it."""
+        svc = self.service
+        live = {b["web"]: b for b in await self._live_brokers()}
+        if dest not in live:
+            raise HttpError(400, f"destinationBroker {dest[:80]!r} is not a live broker; live brokers: "
+                                 f"{', '.join(sorted(live))}")
+        lm = svc.load_manager
+        if not lm.is_leader():
+            if req.flag("forwarded"):
+                raise HttpError(503, "the load-balancer leader is changing; retry")
+            leader = await _zk(lm.leader())
+            if leader is None or not leader.get("serviceUrl"):
+                raise HttpError(503, "no load-balancer leader now; retry")
+            return await self._forward(req, str(leader["serviceUrl"]), "the load-balancer leader")
+        await lm.set_affinity(bundle, dest)
+        owner = await _zk(svc.ownership.owner(bundle))
+        if owner is None:
+            return Response(204, b"")
+        sub = Request("PUT", f"/admin/v2/namespaces/{bundle}/unload",
+                      ["admin", "v2", "namespaces", *str(bundle).split("/"), "unload"],
+                      {}, req.version, {}, False)
+        return await self._unload_bundle(sub, bundle)
+
+    async def _split_bundle(self, req: Request, bundle: Any) -> Response:
+        """PUT .../{bundle}/split?unload=&splitAlgorithmName= (body: the boundaries, for
+        specified_positions_divide), on the bundle's owner."""
+        from clusters.loadbalancer.bundles import BundleError, parse_boundary
+        svc = self.service
+        owner = await _zk(svc.ownership.owner(bundle))
+        if owner is None:
+            raise HttpError(412, f"bundle {bundle} is not owned by any broker; look a topic of it up first")
+        if owner != svc.ownership.me:
+            if req.flag("forwarded"):
+                raise HttpError(503, f"bundle {bundle} is owned by {owner}, not this broker (ownership is moving)")
+            return await self._forward(req, await self.web_url_of(f"pulsar://{owner}"), f"bundle {bundle}")
+        algo = req.arg("splitAlgorithmName") or None
+        positions = None
+        if req.body:
+            raw = req.json()
+            if isinstance(raw, dict):
+                raw = raw.get("boundaries")
+            if not isinstance(raw, list):
+                raise HttpError(400, "the split body must be a list of boundaries (numbers or 0x........ strings)")
+            try:
+                positions = [int(p) if isinstance(p, int) else parse_boundary(p) for p in raw]
+            except BundleError as e:
+                raise HttpError(400, str(e)) from None
+        try:
+            children = await svc.load_manager.split(bundle, algo, positions, req.flag("unload"))
+        except BundleError as e:
+            raise HttpError(400 if "unsupported" in str(e) or "position" in str(e) else 412, str(e)) from None
+        return Response(200, {"bundle": str(bundle), "children": [c.range_name for c in children]})
 
     async def _bundle_info(self, namespace: str, bundle: Any) -> dict[str, Any]:
         got = await _zk(self.service.store.get_or_none(bundle.path))
@@ -558,15 +656,16 @@ class AdminHttpServer(HttpServer):
             return {"brokerUrl": res.url, "brokerUrlTls": "", "httpUrl": await self.web_url_of(res.url),
                     "httpUrlTls": "", "nativeUrl": res.url}
         if res.kind == "redirect":
-            return await self._follow(topic, res.url)
+            return await self._follow(topic, res.url, res.authoritative)
         status = 400 if res.error == "InvalidTopicName" else 503
         raise HttpError(status, res.message or res.error or "lookup failed")
 
-    async def _follow(self, topic: str, service_url: str) -> dict[str, str]:
-        """Ask the broker a lookup was redirected to, authoritatively: it takes the bundle and answers."""
+    async def _follow(self, topic: str, service_url: str, authoritative: bool = True) -> dict[str, str]:
+        """Ask the broker a lookup was redirected to: authoritatively, it takes the bundle and answers;
+        otherwise (the load-balancer leader) it decides, and follows its own redirect."""
         web = await self.web_url_of(service_url)
         rest = topic.split("://", 1)[1]
-        url = f"{web}/lookup/v2/topic/persistent/{rest}?authoritative=true"
+        url = f"{web}/lookup/v2/topic/persistent/{rest}" + ("?authoritative=true" if authoritative else "")
         try:
             status, body = await http_get(url, HOP_TIMEOUT)
         except Exception as e:
@@ -587,12 +686,9 @@ class AdminHttpServer(HttpServer):
             return self.cfg.web_url
         hostport = service_url.split("://", 1)[-1].rstrip("/")
         try:
-            got = await asyncio.wait_for(self.service.store.get_or_none(f"{BROKERS_PATH}/{hostport}"),
-                                         ZK_READ_TIMEOUT)
-            if got is not None:
-                web = json.loads(got[0]).get("web_url")
-                if isinstance(web, str) and web.startswith("http"):
-                    return web
+            for b in await asyncio.wait_for(self._live_brokers(), ZK_READ_TIMEOUT):
+                if b["id"] == hostport or b["service_url"].split("://", 1)[-1].rstrip("/") == hostport:
+                    return b["web_url"]
         except Exception:
             pass                   # no ZooKeeper now: every broker of a cluster shares the port
         host = hostport.rsplit(":", 1)[0]

@@ -1,43 +1,28 @@
 """Topic ownership through ZooKeeper: bundles (hash ranges of topic names) owned by one broker at a time.
 
-A bundle is owned through an ephemeral znode `/namespace/<tenant>/<ns>/<range>`, as in Pulsar; lookups
-answer with the owner, or assign an unowned bundle to the broker owning the fewest bundles.
+A bundle is owned through an ephemeral znode `/namespace/<tenant>/<ns>/<range>`, as in Pulsar; the
+bundles themselves come from the namespace's boundaries (clusters/loadbalancer/bundles.py). Who gets
+an unowned bundle is the load manager's decision (clusters/loadbalancer/); taking the lock, releasing
+it, and splitting a bundle this broker owns are done here.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-import zlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from clusters.config import BrokerConfig
+from clusters.loadbalancer.bundles import (NAMESPACE_ROOT, Bundle, BundleError, BundleFactory,  # noqa: F401
+                                           NamespaceBundles, bundle_of, bundles_data, local_policies_path,
+                                           topic_namespace)
 from clusters.metadata.store import BadVersion, MetadataStore, NodeExists, NoNode
 
 log = logging.getLogger(__name__)
 
 BROKERS_PATH = "/loadbalance/brokers"
-NAMESPACE_ROOT = "/namespace"
-FULL_RANGE = 1 << 32
-
-
-@dataclass(frozen=True)
-class Bundle:
-    namespace: str     # tenant/namespace
-    lower: int
-    upper: int
-
-    @property
-    def range_name(self) -> str:
-        return f"0x{self.lower:08x}_0x{min(self.upper, FULL_RANGE - 1):08x}"
-
-    @property
-    def path(self) -> str:
-        return f"{NAMESPACE_ROOT}/{self.namespace}/{self.range_name}"
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.range_name}"
+BUNDLE_SPLIT_RETRY_LIMIT = 7            # NamespaceService.BUNDLE_SPLIT_RETRY_LIMIT
 
 
 @dataclass
@@ -49,34 +34,14 @@ class LookupResult:
     message: str | None = None
 
 
-def topic_namespace(topic: str) -> tuple[str, str]:
-    """`persistent://public/default/t` -> ('public/default', 't')."""
-    rest = topic.split("://", 1)[1] if "://" in topic else topic
-    parts = rest.split("/")
-    if len(parts) < 3 or not all(parts[:3]):
-        raise ValueError(f"invalid topic name {topic!r}; expected persistent://tenant/namespace/topic")
-    return f"{parts[0]}/{parts[1]}", "/".join(parts[2:])
-
-
-def _nth_bundle(namespace: str, idx: int, bundles: int) -> Bundle:
-    """The idx-th of `bundles` equal hash ranges (the last one takes the remainder)."""
-    width = FULL_RANGE // bundles
-    lower = idx * width
-    upper = FULL_RANGE if idx == bundles - 1 else lower + width
-    return Bundle(namespace, lower, upper)
-
-
-def namespace_bundles(namespace: str, bundles: int) -> list[Bundle]:
-    """Every bundle of a namespace split into `bundles` ranges, in hash order."""
-    n = max(1, bundles)
-    return [_nth_bundle(namespace, i, n) for i in range(n)]
-
-
-def bundle_of(topic: str, bundles: int) -> Bundle:
-    """Pulsar hashes the full topic name (CRC-32 by default) into the namespace's bundle ranges."""
-    namespace, _ = topic_namespace(topic)
-    h = zlib.crc32(topic.encode()) & 0xFFFFFFFF
-    return _nth_bundle(namespace, min(h // (FULL_RANGE // bundles), bundles - 1), bundles)
+@dataclass
+class Assignment:
+    """The load manager's answer for an unowned bundle: take it here (`url` empty), or send the client
+    to `url` (`authoritative`: that broker must take it, as the leader's choice)."""
+    url: str = ""
+    authoritative: bool = False
+    error: str | None = None
+    message: str | None = None
 
 
 class Ownership:
@@ -89,28 +54,24 @@ class Ownership:
         self.me = f"{cfg.host}:{cfg.port}"
         self.owned: set[Bundle] = set()
         self.on_lost = on_lost
+        self.factory = BundleFactory(store, int(cfg.bundles))
+        # the load manager's choice for an unowned bundle (clusters/loadbalancer/manager.py)
+        self.assign: Callable[[Bundle], Awaitable[Assignment]] | None = None
+        # bug knob broker.reactivate_on_release_failure (see release)
+        self.reactivate_on_failure = False
         self._session_lost = False
         self._recheck: asyncio.Task | None = None
 
     def _my_data(self) -> bytes:
+        """The lock's value: Pulsar's NamespaceEphemeralData (nativeUrl, httpUrl, disabled) and ours."""
         return json.dumps({"broker": self.me, "service_url": self.cfg.service_url,
-                           "web_url": self.cfg.web_url, "name": self.cfg.name}).encode()
+                           "web_url": self.cfg.web_url, "name": self.cfg.name,
+                           "nativeUrl": self.cfg.service_url, "httpUrl": self.cfg.web_url,
+                           "disabled": False}).encode()
 
     async def start(self) -> None:
         self.store.add_listener(self._on_session)
-        await self._register()
-
-    async def _register(self) -> None:
-        path = f"{BROKERS_PATH}/{self.me}"
-        try:
-            await self.store.create(path, self._my_data(), ephemeral=True, makepath=True)
-        except NodeExists:
-            # a previous incarnation's session may still be alive; replace its node
-            try:
-                await self.store.delete(path)
-            except NoNode:
-                pass
-            await self.store.create(path, self._my_data(), ephemeral=True, makepath=True)
+        self.factory.on_change(self._boundaries_changed)
 
     def _on_session(self, state: str) -> None:
         # Pulsar's default: keep serving what we own while the session is gone; fencing of the
@@ -123,10 +84,6 @@ class Ownership:
                 self._recheck = asyncio.get_running_loop().create_task(self._reclaim())
 
     async def _reclaim(self) -> None:
-        try:
-            await self._register()
-        except Exception as e:
-            log.warning("re-registering broker: %s", e)
         for bundle in list(self.owned):
             try:
                 await self.store.create(bundle.path, self._my_data(), ephemeral=True, makepath=True)
@@ -143,12 +100,36 @@ class Ownership:
             except Exception as e:
                 log.warning("re-claiming bundle %s: %s", bundle, e)
 
+    def _boundaries_changed(self, namespace: str, new: NamespaceBundles, old: NamespaceBundles | None) -> None:
+        stale = [b for b in self.owned if b.namespace == namespace and b not in new]
+        if stale:
+            log.warning("bundles %s of %s are no longer bundles after a boundary change (now %s)",
+                        [b.range_name for b in stale], namespace, [b.range_name for b in new.bundles])
+
+    # -- which bundle ------------------------------------------------------------------
     def bundle(self, topic: str) -> Bundle:
-        return bundle_of(topic, self.cfg.bundles)
+        """The topic's bundle by this broker's current view of its namespace's boundaries (the initial
+        layout before the namespace was first read)."""
+        namespace, _ = topic_namespace(topic)
+        nb = self.factory.cached(namespace)
+        return nb.bundle_of(topic) if nb is not None else bundle_of(topic, int(self.cfg.bundles))
+
+    async def bundle_for(self, topic: str) -> Bundle:
+        namespace, _ = topic_namespace(topic)
+        return (await self.factory.get(namespace)).bundle_of(topic)
 
     def bundles(self, namespace: str) -> list[Bundle]:
-        """The namespace's bundles (`cfg.bundles` of them), in hash order."""
-        return namespace_bundles(namespace, int(self.cfg.bundles))
+        """The namespace's bundles by this broker's current view, in hash order."""
+        nb = self.factory.cached(namespace)
+        if nb is not None:
+            return list(nb.bundles)
+        from clusters.loadbalancer.bundles import default_bundles
+        return list(default_bundles(namespace, int(self.cfg.bundles)).bundles)
+
+    async def namespace_bundles(self, namespace: str, *, fresh: bool = False) -> NamespaceBundles:
+        if fresh:
+            return await self.factory.load(namespace)
+        return await self.factory.get(namespace)
 
     def owns(self, topic: str) -> bool:
         return self.bundle(topic) in self.owned
@@ -165,20 +146,36 @@ class Ownership:
     async def live_brokers(self) -> list[str]:
         return sorted(await self.store.children(BROKERS_PATH))
 
+    # -- taking and giving up ------------------------------------------------------------
     async def acquire(self, bundle: Bundle) -> str:
-        """Try to own the bundle; returns the owner afterwards (us or whoever won)."""
-        try:
-            await self.store.create(bundle.path, self._my_data(), ephemeral=True, makepath=True)
-        except NodeExists:
-            owner = await self.owner(bundle)
-            if owner == self.me:
-                if await self.store.owner_session(bundle.path) != self.store.session_id:
-                    return await self._retake(bundle)
-                self.owned.add(bundle)
-            return owner or ""
-        self.owned.add(bundle)
-        log.info("acquired bundle %s", bundle)
-        return self.me
+        """Try to own the bundle; returns the owner afterwards (us, whoever won, or "" when the bundle
+        is no longer a bundle of its namespace: the caller looks up again). The lock is created in one
+        transaction with a check of the namespace's boundaries version, so a range a split just
+        replaced is never locked again."""
+        nb = await self.factory.get(bundle.namespace)
+        for _ in range(3):
+            if bundle not in nb:
+                return ""
+            try:
+                await self.store.transaction([("check", local_policies_path(bundle.namespace), nb.version),
+                                              ("create", bundle.path, self._my_data(), True)])
+            except NodeExists:
+                owner = await self.owner(bundle)
+                if owner == self.me:
+                    if await self.store.owner_session(bundle.path) != self.store.session_id:
+                        return await self._retake(bundle)
+                    self.owned.add(bundle)
+                return owner or ""
+            except NoNode:
+                await self.store.ensure_path(bundle.path.rsplit("/", 1)[0])
+                continue
+            except BadVersion:
+                nb = await self.factory.load(bundle.namespace)
+                continue
+            self.owned.add(bundle)
+            log.info("acquired bundle %s", bundle)
+            return self.me
+        return await self.owner(bundle) or ""
 
     async def _retake(self, bundle: Bundle) -> str:
         """The lock names us but another session holds it: the one of this broker's previous
@@ -196,51 +193,102 @@ class Ownership:
         log.info("acquired bundle %s (its lock was held by a previous session of this broker)", bundle)
         return self.me
 
-    async def release(self, bundle: Bundle) -> None:
+    async def release(self, bundle: Bundle) -> bool:
+        """Give up the bundle's lock; True when it is gone (or was not ours)."""
         self.owned.discard(bundle)
         try:
             if await self.owner(bundle) == self.me:
                 await self.store.delete(bundle.path)
+            return True
         except Exception as e:
+            if self.reactivate_on_failure:
+                # bug knob broker.reactivate_on_release_failure (apache/pulsar#7517; #24478 family):
+                # the delete failed (its outcome unknown: the lock may be gone), and the broker
+                # re-activates the bundle and serves it again, while another broker may take it
+                log.warning("releasing bundle %s failed (%s); re-activating it (bug knob)", bundle, e)
+                self.owned.add(bundle)
+                return False
             log.warning("releasing bundle %s: %s", bundle, e)
+            return False
 
     async def release_all(self) -> None:
         for b in list(self.owned):
             await self.release(b)
 
-    async def _candidate(self) -> str:
-        """The live broker owning the fewest bundles (ties broken by name): where a new bundle goes."""
-        brokers = await self.live_brokers()
-        if not brokers:
-            return self.me
-        counts = {b: 0 for b in brokers}
-        for ns in await self.store.children(NAMESPACE_ROOT):
-            for sub in await self.store.children(f"{NAMESPACE_ROOT}/{ns}"):
-                for rng in await self.store.children(f"{NAMESPACE_ROOT}/{ns}/{sub}"):
-                    got = await self.store.get_or_none(f"{NAMESPACE_ROOT}/{ns}/{sub}/{rng}")
-                    if got:
-                        try:
-                            owner = json.loads(got[0])["broker"]
-                        except (ValueError, KeyError):
-                            continue
-                        if owner in counts:
-                            counts[owner] += 1
-        return min(brokers, key=lambda b: (counts[b], b))
+    # -- splitting ------------------------------------------------------------------------
+    async def split(self, bundle: Bundle, cuts: list[int], *, cas: bool = True) -> list[Bundle]:
+        """Split a bundle this broker owns at `cuts`: the namespace's boundaries gain the cuts, the
+        children's locks are taken and the parent's released, all in one ZooKeeper transaction that
+        checks the boundaries' version (retried on a concurrent change, as Pulsar retries BadVersion
+        up to BUNDLE_SPLIT_RETRY_LIMIT times). Topics stay loaded: they now belong to the children.
 
+        `cas=False` is the bug knob `broker.split_without_cas` (apache/pulsar#1117): the boundaries are
+        read, then written back without a version check, in separate steps, so two concurrent splits
+        of one namespace overwrite each other's boundaries."""
+        if bundle not in self.owned:
+            raise BundleError(f"{bundle} is not owned by this broker")
+        path = local_policies_path(bundle.namespace)
+        for _ in range(BUNDLE_SPLIT_RETRY_LIMIT):
+            nb = await self.factory.load(bundle.namespace)
+            bounds = nb.with_split(bundle, cuts)
+            new = NamespaceBundles(bundle.namespace, bounds, nb.version + 1)
+            children = [b for b in new.bundles if bundle.lower <= b.lower and b.upper <= bundle.upper]
+            got = await self.store.get_or_none(path)
+            body = json.loads(got[0]) if got and got[0] else {}
+            body["bundles"] = bundles_data(bounds)
+            data = json.dumps(body, sort_keys=True).encode()
+            lock = await self.store.get_or_none(bundle.path)
+            if lock is None or self.me != json.loads(lock[0] or b"{}").get("broker"):
+                self.owned.discard(bundle)
+                raise BundleError(f"{bundle} is no longer owned by this broker")
+            if not cas:
+                for c in children:
+                    try:
+                        await self.store.create(c.path, self._my_data(), ephemeral=True, makepath=True)
+                    except NodeExists:
+                        pass
+                await self.store.set(path, data, version=-1)
+                await self.store.delete(bundle.path)
+            else:
+                ops: list[tuple] = [("set", path, data, nb.version)]
+                ops += [("create", c.path, self._my_data(), True) for c in children]
+                ops.append(("delete", bundle.path, lock[1]))
+                try:
+                    await self.store.transaction(ops)
+                except BadVersion:
+                    continue
+            self.owned.discard(bundle)
+            self.owned.update(children)
+            self.factory.note(NamespaceBundles(bundle.namespace, bounds,
+                                               nb.version + 1 if cas else -1))
+            log.info("split bundle %s into %s", bundle, [c.range_name for c in children])
+            return children
+        raise BundleError(f"splitting {bundle}: the boundaries kept changing "
+                          f"({BUNDLE_SPLIT_RETRY_LIMIT} attempts)")
+
+    # -- lookups ----------------------------------------------------------------------------
     async def lookup(self, topic: str, authoritative: bool) -> LookupResult:
         try:
-            bundle = self.bundle(topic)
+            namespace, _ = topic_namespace(topic)
         except ValueError as e:
             return LookupResult("failed", error="InvalidTopicName", message=str(e))
+        bundle = self.bundle(topic)
         if bundle in self.owned and (self._session_lost or not self.store.connected):
             return LookupResult("connect", self.cfg.service_url, True)
         try:
+            bundle = await self.bundle_for(topic)
             owner = await self.owner(bundle)
             if owner is None:
-                target = self.me if authoritative else await self._candidate()
-                if target != self.me:
-                    return LookupResult("redirect", f"pulsar://{target}", True)
+                if not authoritative and self.assign is not None:
+                    choice = await self.assign(bundle)
+                    if choice.error:
+                        return LookupResult("failed", error=choice.error, message=choice.message)
+                    if choice.url and choice.url != self.cfg.service_url:
+                        return LookupResult("redirect", choice.url, choice.authoritative)
                 owner = await self.acquire(bundle)
+                if not owner:
+                    return LookupResult("failed", error="ServiceNotReady",
+                                        message=f"bundle {bundle} was split meanwhile; look up again")
             elif owner == self.me and bundle not in self.owned:
                 owner = await self.acquire(bundle)     # a lock left by our previous incarnation
             if owner == self.me:

@@ -21,6 +21,8 @@ from clusters.broker.managed_ledger import (ManagedLedger, ManagedLedgerError, M
 from clusters.broker.ownership import Bundle, LookupResult, Ownership, topic_namespace
 from clusters.broker.topic import ServiceUnitNotReady, Topic
 from clusters.config import BrokerConfig
+from clusters.loadbalancer import manager as load_managers
+from clusters.loadbalancer.signals import IoCounters
 from clusters.protocol.topics import normalize_topic
 from clusters.metadata.store import MetadataStore
 
@@ -40,7 +42,13 @@ class BrokerService:
         self.config = cfg
         self.store = MetadataStore(cfg.zk, session_timeout=cfg.zk_session_timeout, name=cfg.name)
         self.bk: Any = None
+        self.io = IoCounters()                   # bytes in/out on client connections (connection.py)
         self.ownership = Ownership(self.store, cfg, on_lost=self._bundle_lost)
+        self.ownership.reactivate_on_failure = bool(self.bug("broker.reactivate_on_release_failure"))
+        self.load_manager = load_managers.create(cfg.load_manager, self)
+        self.load_manager.shed_to_owner = bool(self.bug("lb.shed_to_owner"))
+        self.load_manager.keep_preallocations = bool(self.bug("lb.keep_preallocations"))
+        self.ownership.assign = self.load_manager.assign
         self.policies = PolicyCache(self.store, cfg)       # namespace policies (clusters/broker/policies.py)
         self.topic_policies = PolicyCache(self.store, cfg, path=topic_policies_path)   # topic overrides
         self.topics: dict[str, Topic] = {}
@@ -65,6 +73,7 @@ class BrokerService:
         self.server = await serve_connections(self, self.config.host, self.config.port)
         self.http = await serve_http(self)          # the admin HTTP API (clusters/broker/http.py)
         await self.ownership.start()
+        await self.load_manager.start()
         register_metrics(self)
         self._rate_task = asyncio.get_running_loop().create_task(self._rates_loop())
         log.info("broker %s serving %s", self.config.name, self.config.service_url)
@@ -81,6 +90,10 @@ class BrokerService:
         for name in list(self.topics):
             await self._unload_topic(name)
         try:
+            await self.load_manager.stop()
+        except Exception as e:
+            log.warning("stopping the load manager: %s", e)
+        try:
             await self.ownership.release_all()
         except Exception as e:
             log.warning("releasing ownership: %s", e)
@@ -93,6 +106,10 @@ class BrokerService:
             await self.bk.close()
         await self.store.close()
 
+    def bug(self, key: str) -> Any:
+        """A bug knob's value in this broker's configuration (clusters/bugs.py)."""
+        return bugs.value(self.config.bugs, key)
+
     # -- what the protocol side calls --------------------------------------------
     def register_connection(self, cnx: Any) -> None:
         self.connections.add(cnx)
@@ -104,7 +121,7 @@ class BrokerService:
         topic = normalize_topic(topic)
         if self._unloading:
             try:
-                bundle = self.ownership.bundle(topic)
+                bundle = await self.ownership.bundle_for(topic)
             except ValueError:
                 bundle = None
             if bundle in self._unloading:
@@ -346,6 +363,26 @@ def register_metrics(svc: "BrokerService") -> None:
             fn=per_topic(backlog))
     R.gauge("pulsar_storage_size", "Bytes in the topic's ledgers", labels,
             fn=per_topic(lambda t: t.ml.total_size()))
+    # the load manager's inputs and decisions, under Pulsar's names (brk_lb_* in Java, pulsar_lb_* in
+    # Prometheus): resource usage in percent of this broker's limits, unloads, splits
+    lm = svc.load_manager
+
+    def usage(kind: str) -> Any:
+        return lambda: {(cluster,): lm.usage.latest[kind].percent()}
+    for kind, metric in (("cpu", "cpu"), ("memory", "memory"), ("directMemory", "directMemory"),
+                         ("bandwidthIn", "bandwidth_in"), ("bandwidthOut", "bandwidth_out")):
+        R.gauge(f"pulsar_lb_{metric}_usage", f"{kind} usage, percent of this broker's limit", ("cluster",),
+                fn=usage(kind))
+    R.gauge("pulsar_lb_leader", "1 on the load-balancer leader", ("cluster",),
+            fn=lambda: {(cluster,): 1.0 if lm.is_leader() else 0.0})
+    R.gauge("pulsar_lb_unload_broker_total", "Brokers unloaded by shedding (leader)", ("cluster",),
+            fn=lambda: {(cluster,): float(lm.counters["unload_broker"])})
+    R.gauge("pulsar_lb_unload_bundle_total", "Bundles unloaded by shedding (leader)", ("cluster",),
+            fn=lambda: {(cluster,): float(lm.counters["unload_bundle"])})
+    R.gauge("pulsar_lb_bundles_split_total", "Bundles split by the split task (leader)", ("cluster",),
+            fn=lambda: {(cluster,): float(lm.counters["split"])})
+    R.gauge("pulsar_lb_assign_broker_total", "Bundle assignments decided here", ("cluster",),
+            fn=lambda: {(cluster,): float(lm.counters["assign"])})
     R.gauge("pulsar_broker_dedup_duplicates_total", "Sends answered as duplicates (deduplication)", labels,
             fn=per_topic(lambda t: t.dedup.duplicates if t.dedup is not None else 0))
 

@@ -388,8 +388,10 @@ class StateFileCluster(StateInventory, Cluster):
                 else:
                     cfg = node_config.BrokerConfig(port=n["ports"]["pulsar"], http_port=n["ports"]["http"],
                                                    ensemble=spec.ensemble, write_quorum=spec.write_quorum,
-                                                   ack_quorum=spec.ack_quorum,
-                                                   **{**common, **DEPLOY_BROKER_DEFAULTS, **spec.broker_config})
+                                                   ack_quorum=spec.ack_quorum, load_manager=spec.load_manager,
+                                                   load_balancer=dict(spec.lb_settings),
+                                                   **{**common, **DEPLOY_BROKER_DEFAULTS, **spec.broker_config,
+                                                      **spec.broker_overrides.get(n["name"], {})})
                 node_config.write(cfg, Path(config))
                 n["config"] = config
                 n["argv"] = self.commands[role](self._node_of(n, Seen()))

@@ -35,7 +35,7 @@ LAZY_DISK_ROLES = ("bookie", "broker")
 # Node settings the backend decides itself (addresses, ports, paths, the spec's own fields): not
 # overridable through bookie_config / broker_config.
 DEPLOY_OWNED = frozenset({"name", "role", "host", "zk", "data_dir", "bugs", "port", "http_port",
-                          "ensemble", "write_quorum", "ack_quorum"})
+                          "ensemble", "write_quorum", "ack_quorum", "load_manager", "load_balancer"})
 DEPLOY_BROKER_DEFAULTS: dict[str, Any] = {"default_retention_minutes": -1, "default_retention_size_mb": -1,
                                           "auto_skip_non_recoverable_data": True}
 
@@ -81,6 +81,13 @@ class ClusterSpec:
     # roles whose data dirs are lazyfs mounts (clusters/deploy/lazyfs.py), so that power_loss() can
     # drop what their processes did not fsync
     lazy_disks: list[str] = field(default_factory=list)
+    # the brokers' load manager (clusters/loadbalancer/manager.py) and its settings under Pulsar's
+    # names (clusters/loadbalancer/settings.py), e.g. {"loadBalancerSheddingIntervalMinutes": 0.1}
+    load_manager: str = "modular"
+    lb_settings: dict[str, Any] = field(default_factory=dict)
+    # settings of single brokers by node name, over broker_config: unequal brokers, e.g.
+    # {"broker-1": {"cpu_cores": 0.5}}
+    broker_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.base_dir is None:
@@ -117,6 +124,25 @@ class ClusterSpec:
             bad = sorted(set(extra) - known)
             if bad:
                 raise SpecError(f"unknown {role} setting(s) {bad}", f"use one of: {', '.join(sorted(known))}")
+        from clusters.loadbalancer.manager import LOAD_MANAGERS
+        from clusters.loadbalancer.settings import LoadBalancerSettings
+        if self.load_manager not in LOAD_MANAGERS:
+            raise SpecError(f"unknown load manager {self.load_manager!r}",
+                            f"use one of: {', '.join(LOAD_MANAGERS)}")
+        try:
+            LoadBalancerSettings.from_mapping(self.lb_settings)
+        except ValueError as ex:
+            raise SpecError(str(ex), "use Pulsar's setting names, as in broker.conf "
+                                     "(clusters/loadbalancer/settings.py lists them)") from None
+        broker_names = {name for name, role, _ in self.layout() if role == "broker"}
+        known = {f.name for f in fields(node_config.BrokerConfig)} - DEPLOY_OWNED
+        for name, extra in self.broker_overrides.items():
+            if name not in broker_names:
+                raise SpecError(f"broker_overrides names {name!r}, not a broker of this cluster",
+                                f"use one of: {', '.join(sorted(broker_names)) or '(no brokers)'}")
+            bad = sorted(set(extra) - known)
+            if bad:
+                raise SpecError(f"unknown broker setting(s) {bad} for {name}", f"use one of: {', '.join(sorted(known))}")
         if not isinstance(self.fake_clocks, (list, tuple)) or any(r not in FAKE_CLOCK_ROLES
                                                                  for r in self.fake_clocks):
             raise SpecError(f"fake_clocks={self.fake_clocks!r}: only {' and '.join(FAKE_CLOCK_ROLES)} "

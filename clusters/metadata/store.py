@@ -166,15 +166,46 @@ class MetadataStore:
                 loop.call_soon_threadsafe(fn, list(children or []))
         self._zk.ChildrenWatch(path, on_change)
 
-    def watch_data(self, path: str, fn: Callable[[bytes | None], Any]) -> None:
-        """fn(data or None when the node is absent) runs on the event loop now and on every change."""
+    def watch_data(self, path: str, fn: Callable[..., Any], *, with_version: bool = False) -> None:
+        """fn(data or None when the node is absent) runs on the event loop now and on every change;
+        with_version, fn(data, version) (version -1 when absent)."""
         loop = self._loop
         assert loop is not None, "start() first"
 
         def on_change(data: bytes | None, stat: Any, event: Any = None) -> None:
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(fn, data if stat is not None else None)
+            if loop.is_closed():
+                return
+            value = data if stat is not None else None
+            if with_version:
+                loop.call_soon_threadsafe(fn, value, stat.version if stat is not None else -1)
+            else:
+                loop.call_soon_threadsafe(fn, value)
         self._zk.DataWatch(path, on_change)
+
+    async def transaction(self, ops: list[tuple]) -> None:
+        """Several writes, all or none (ZooKeeper's multi): ops are ("check", path, version),
+        ("create", path, data, ephemeral), ("set", path, data, version), ("delete", path, version).
+        Raises the error of the first op that failed (BadVersion, NodeExists, NoNode)."""
+        tx = self._zk.transaction()
+        for op in ops:
+            kind = op[0]
+            if kind == "check":
+                tx.check(op[1], op[2])
+            elif kind == "create":
+                tx.create(op[1], op[2], ephemeral=bool(op[3]))
+            elif kind == "set":
+                tx.set_data(op[1], op[2], op[3])
+            elif kind == "delete":
+                tx.delete(op[1], op[2])
+            else:
+                raise ValueError(f"unknown transaction op {kind!r}")
+        results = await self._call(tx.commit_async)
+        for r in results:
+            if isinstance(r, Exception) and not type(r).__name__ == "RolledBackError":
+                raise r
+        for r in results:
+            if isinstance(r, Exception):
+                raise r
 
 
 def is_disconnected(exc: BaseException) -> bool:
