@@ -18,6 +18,7 @@ as Pulsar's do.
 """
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
@@ -476,10 +477,11 @@ class LoadData:
         return out
 
 
+_SYSTEM_SERVICE_NAMESPACES = (re.compile(r"pulsar/[^/]+/([^:]+:\d+)"), re.compile(r"pulsar/([^:]+:\d+)"),
+                              re.compile(r"sla-monitor/[^/]+/([^:]+:\d+)"))
+
+
 def is_system_service_namespace(namespace: str) -> bool:
-    """Heartbeat (`pulsar/<cluster>/<host:port>`, `pulsar/<host:port>`) and SLA-monitor namespaces
-    (NamespaceService.isSystemServiceNamespace)."""
-    parts = namespace.split("/")
-    if parts[0] == "sla-monitor":
-        return True
-    return parts[0] == "pulsar" and ":" in parts[-1]
+    """Heartbeat (`pulsar/<cluster>/<host:port>`, `pulsar/<host:port>`) and SLA-monitor
+    (`sla-monitor/<cluster>/<host:port>`) namespaces (NamespaceService.isSystemServiceNamespace)."""
+    return any(p.fullmatch(namespace) for p in _SYSTEM_SERVICE_NAMESPACES)

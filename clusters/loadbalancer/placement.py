@@ -139,12 +139,13 @@ def select_broker(bundle: str, candidates: Iterable[str], load_data: LoadData, s
     `namespace_bundle_counts` (broker -> bundles of the bundle's namespace it owns) defaults to
     what the load data shows (reports plus preallocations). `strategy` keeps state across calls
     (LeastResourceUsageWithWeight's averages): pass the same object each time; by default a new
-    one from the settings. `preallocate=False` only computes the choice (for the shedder's
-    destination, where Pulsar's selectBroker preallocates too — leave it True to match)."""
+    one from the settings. `preallocate=False` is Pulsar's selectBroker without the
+    ForAssignment wrapper: no preallocated lookup, nothing preallocated; doLoadShedding picks
+    destinations that way (since apache/pulsar#20822)."""
     given = sorted(set(candidates))
     strategy = strategy or make_placement_strategy(settings)
     decision = PlacementDecision(bundle, None, "no-candidates", strategy.name, given)
-    pre = load_data.preallocated_broker(bundle)
+    pre = load_data.preallocated_broker(bundle) if preallocate else None
     if pre is not None:
         decision.broker, decision.reason = pre, "preallocated"
         return decision

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, MutableMapping
+from typing import Any, Callable, MutableMapping
 
 from clusters.loadbalancer.data import MIBI, LoadData
 from clusters.loadbalancer.placement import PlacementDecision

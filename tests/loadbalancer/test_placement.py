@@ -131,3 +131,12 @@ def test_unknown_placement_strategy_is_refused():
     full = S.replace(loadBalancerLoadPlacementStrategy="org.apache.pulsar.broker.loadbalance.impl."
                                                        "LeastResourceUsageWithWeight")
     assert isinstance(make_placement_strategy(full), LeastResourceUsageWithWeight)
+
+
+def test_selector_without_preallocation_ignores_and_leaves_preallocations():
+    ld = _with_long_term(load({"a": broker(), "b": broker()}), a=0.0, b=10.0)
+    ld.preallocated_bundle_to_broker[NEW] = "b"
+    # selectBroker (the shedder's destination) neither answers nor records preallocations
+    d = select_broker(NEW, ["a", "b"], ld, S, random.Random(0), preallocate=False)
+    assert (d.broker, d.reason) == ("a", "selected")
+    assert ld.preallocated_bundle_to_broker == {NEW: "b"} and not ld.brokers["a"].preallocated_bundle_data

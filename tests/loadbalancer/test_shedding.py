@@ -201,3 +201,13 @@ def test_plan_shedding_with_placement_as_destination():
     d = plan_shedding(ld, ThresholdShedder(), {}, NOW, S, dest(S))
     assert [(u.src, u.dst) for u in d.unloads] == [("a", "b"), ("a", "b")]
     assert d.unloads[0].placement["scores"] == {"b": 1000.0, "c": 2000.0}
+
+
+def test_heartbeat_and_sla_bundles_are_never_shed():
+    hb = "pulsar/standalone/10.0.0.1:8080/0x00000000_0xffffffff"
+    hb2 = "pulsar/10.0.0.1:8080/0x00000000_0xffffffff"
+    sla = "sla-monitor/standalone/10.0.0.1:8080/0x00000000_0xffffffff"
+    bundles = {hb: 500, hb2: 400, sla: 300, **A_BUNDLES}
+    ld = _cluster(a_bundles=bundles)
+    # the system bundles are the biggest but skipped: BIG then MID, as without them
+    assert ThresholdShedder().find_bundles_for_unloading(ld, S).unloads == [("a", BIG), ("a", MID)]
