@@ -477,6 +477,23 @@ class LoadData:
         return out
 
 
+def bundles_to_persist(load_data: LoadData, settings: LoadBalancerSettings) -> list[str]:
+    """The bundles whose BundleData the leader writes to /loadbalance/bundle-data this period
+    (ModularLoadManagerImpl.writeBundleDataOnZooKeeper / selectTopKBundle): all of them if
+    loadBalancerMaxNumberOfBundlesInBundleLoadReport <= 0, else the top k * max(1, #brokers),
+    ordered as BundleData.compareTo, biggest first: short-term throughput in+out, then short-term
+    msg rate, then the same of the long-term data (bundle name last, for a stable order)."""
+    def key(item: tuple[str, BundleData]) -> tuple:
+        name, d = item
+        s, l = d.shortTermData, d.longTermData
+        return (-s.total_msg_throughput(), -s.total_msg_rate(), -l.total_msg_throughput(), -l.total_msg_rate(), name)
+    ranked = [name for name, _ in sorted(load_data.bundles.items(), key=key)]
+    k = settings.loadBalancerMaxNumberOfBundlesInBundleLoadReport
+    if k <= 0:
+        return ranked
+    return ranked[:k * max(1, len(load_data.brokers))]
+
+
 _SYSTEM_SERVICE_NAMESPACES = (re.compile(r"pulsar/[^/]+/([^:]+:\d+)"), re.compile(r"pulsar/([^:]+:\d+)"),
                               re.compile(r"sla-monitor/[^/]+/([^:]+:\d+)"))
 

@@ -21,11 +21,13 @@ never pick a bundle of a heartbeat/SLA namespace. The leader's cycle is `plan_sh
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, MutableMapping
+from typing import Any, Callable, Iterable, MutableMapping
 
 from clusters.loadbalancer.data import MIBI, LoadData
-from clusters.loadbalancer.placement import PlacementDecision
+from clusters.loadbalancer.placement import (LeastLongTermMessageRate, LeastResourceUsageWithWeight,
+                                             PlacementDecision, select_broker)
 from clusters.loadbalancer.settings import LoadBalancerSettings
 
 ADDITIONAL_THRESHOLD_PERCENT_MARGIN = 0.05
@@ -300,6 +302,19 @@ class ShedDecision:
                             for u in self.unloads],
                 "not_unloaded": list(self.not_unloaded), "expired": list(self.expired),
                 "strategy_record": self.strategy_record}
+
+
+def placement_destination(load_data: LoadData, settings: LoadBalancerSettings, rng: random.Random,
+                          candidates: Callable[[str], Iterable[str]] | None = None,
+                          strategy: LeastLongTermMessageRate | LeastResourceUsageWithWeight | None = None
+                          ) -> Callable[[str], PlacementDecision]:
+    """A `select_destination` for plan_shedding that asks the placement as Pulsar's doLoadShedding
+    does (selectBroker: the whole pipeline, without preallocating). `candidates(bundle)` gives
+    the brokers allowed for the bundle (default: every broker with load data)."""
+    def select(bundle: str) -> PlacementDecision:
+        cands = candidates(bundle) if candidates is not None else load_data.brokers
+        return select_broker(bundle, cands, load_data, settings, rng, strategy=strategy, preallocate=False)
+    return select
 
 
 def plan_shedding(load_data: LoadData, strategy: Shedder, recently_unloaded: MutableMapping[str, int], now_ms: int,

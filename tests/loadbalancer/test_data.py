@@ -167,3 +167,20 @@ def test_bundle_first_seen_starts_from_stored_data():
     # ample history: (9*1000 + 0)/10 short term, (999*1000 + 0)/1000 long term
     assert ld.bundles[B1].shortTermData.msgRateIn == 900.0
     assert ld.bundles[B1].longTermData.msgRateIn == 999.0
+
+
+def test_bundles_to_persist_top_k_per_broker():
+    from clusters.loadbalancer.data import bundles_to_persist
+
+    from .helpers import bundle_data
+    ld = LoadData()
+    ld.update_all_broker_data({"a:8080": broker(), "b:8080": broker()})
+    names = [f"{NS}/0x{i:08x}_0x{i + 1:08x}" for i in range(6)]
+    # throughputs 0..5; names[4] and names[5] tie on throughput, names[5] has the higher rate
+    thr = [0, 1, 2, 3, 5, 5]
+    for i, n in enumerate(names):
+        ld.bundles[n] = bundle_data(short_thr=thr[i], short_rate=i)
+    # k = 2 per broker, 2 brokers: the 4 biggest
+    s = S.replace(loadBalancerMaxNumberOfBundlesInBundleLoadReport=2)
+    assert bundles_to_persist(ld, s) == [names[5], names[4], names[3], names[2]]
+    assert len(bundles_to_persist(ld, s.replace(loadBalancerMaxNumberOfBundlesInBundleLoadReport=0))) == 6

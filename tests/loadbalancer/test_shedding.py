@@ -211,3 +211,16 @@ def test_heartbeat_and_sla_bundles_are_never_shed():
     ld = _cluster(a_bundles=bundles)
     # the system bundles are the biggest but skipped: BIG then MID, as without them
     assert ThresholdShedder().find_bundles_for_unloading(ld, S).unloads == [("a", BIG), ("a", MID)]
+
+
+def test_placement_destination_does_not_preallocate():
+    from clusters.loadbalancer.shedding import placement_destination
+    ld = _cluster()
+    ld.brokers["a"].time_average.longTermMsgRateIn = 5000.0
+    ld.brokers["c"].time_average.longTermMsgRateIn = 10.0
+    select = placement_destination(ld, S, random.Random(0), candidates=lambda bundle: ["a", "b", "c"])
+    d = plan_shedding(ld, ThresholdShedder(), {}, NOW, S, select)
+    # long-term rates a 5000, b 0, c 10 (a, with 3 bundles of t/ns, is filtered out anyway): b
+    assert {u.dst for u in d.unloads} == {"b"}
+    assert not any(bd.preallocated_bundle_data for bd in ld.brokers.values())
+    assert ld.preallocated_bundle_to_broker == {}
