@@ -386,9 +386,10 @@ def nodes_of(cluster: dict[str, Any]) -> dict[str, Any]:
     return {"nodes": nodes, "ports": ports}
 
 
-def record(zk_connect: str, journal: Journal, cluster: dict[str, Any] | None = None, **kw: Any) -> OwnershipRecorder:
-    """A started recorder (RecorderError if ZooKeeper cannot be reached)."""
-    return OwnershipRecorder(zk_connect, journal, nodes=nodes_of(cluster or {}), **kw).start()
+def record(zk_connect: str, journal: Journal, cluster: dict[str, Any] | None = None, *,
+           timeout: float = START_TIMEOUT_S, **kw: Any) -> OwnershipRecorder:
+    """A started recorder (RecorderError if ZooKeeper cannot be reached within `timeout`)."""
+    return OwnershipRecorder(zk_connect, journal, nodes=nodes_of(cluster or {}), **kw).start(timeout)
 
 
 __all__ = ["JOURNAL_NAME", "OwnershipRecorder", "RecorderError", "nodes_of", "record"]
