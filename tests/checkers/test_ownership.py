@@ -297,3 +297,30 @@ def test_served_in_a_namespace_never_observed_is_unknown():
     h.stop(2.0)
     r = check(h.ops)
     assert r.valid == "unknown" and "other/ns" in r.stats["unknown_because"][0]
+
+
+def test_the_other_checkers_ignore_observer_rows():
+    """The recorder's rows (process -2, no invoke) are neither clients' ops nor faults."""
+    from checkers import REGISTRY as ALL
+    h = H(observe=False)
+    h.send(1.0, "broker-1", T_QUARTER)
+    h.add(Op(process=1_000_000, type="invoke", f="read", key=T_QUARTER), 5.0)
+    h.add(Op(process=1_000_000, type="ok", f="read", key=T_QUARTER,
+             value=[{"value": 1, "message_id": {"ledger_id": 7, "entry_id": 0, "partition": -1,
+                                                "batch_index": -1}}]), 5.1)
+    plain = h.ops
+    o = H()
+    o._ops += [Op(**{**op.__dict__}) for op in plain]
+    o.lock(0.5, LOW, "10.0.0.1:6650")
+    o.obs(2.0, GAP_START, value={"reason": "suspended", "may_start_s": 1.5})
+    o.obs(3.0, GAP_END)
+    o.stop(6.0)
+    observed = o.ops
+    assert len(observed) == len(plain) + 5
+    for name in ("log", "queue", "elle", "fencing", "perf"):
+        a, b = ALL[name].check(plain, {}), ALL[name].check(observed, {})
+        assert (a.valid, a.anomalies) == (b.valid, b.anomalies), name
+        for k in ("history", "ops"):
+            if isinstance(a.stats.get(k), dict) and "orphan_completions" in a.stats[k]:
+                assert a.stats[k]["orphan_completions"] == b.stats[k]["orphan_completions"], name
+    assert check(observed).valid is True
