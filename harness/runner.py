@@ -121,6 +121,7 @@ class Run:
         self.nemesis_stop = threading.Event()
         self.nemesis_journal: Journal | None = None
         self.observers: list[tuple[Any, Journal]] = []   # (recorder, its journal): harness/recorder.py
+        self.observed = False                            # an observer ran: import the brokers' lb events
         self.final_reads_done = False
         self.interrupted: str | None = None
         self.check_errors: list[str] = []
@@ -271,6 +272,7 @@ class Run:
             self._error(f"ownership recorder: {e}")
             return
         self.observers.append((rec, journal))
+        self.observed = True
         log.info("ownership recorder watching %s", cluster["zk_connect"])
 
     def _stop_observers(self) -> None:
@@ -280,6 +282,18 @@ class Run:
                 rec.stop("run ended" if not self.errors else f"run ended during {self.step}")
             finally:
                 journal.close()
+
+    def _import_lb_events(self) -> None:
+        """The brokers' logged load-balancer decisions into journals/ (when the ownership recorder ran)."""
+        if not self.observed or self.t0_ns is None:
+            return
+        try:
+            from harness.lb_events import import_lb_events
+            counts = import_lb_events(self.run_dir, self.t0_ns)
+            log.info("load-balancer events from the node logs: %s", counts)
+        except Exception as e:
+            log.error("importing load-balancer events failed:\n%s", traceback.format_exc())
+            self._error(f"lb events: {type(e).__name__}: {e}")
 
     def _run_nemesis(self) -> None:
         try:
@@ -384,6 +398,7 @@ class Run:
             log.error("stopping observers failed:\n%s", traceback.format_exc())
             self._error(f"observers: {type(e).__name__}: {e}")
         self._teardown()
+        self._import_lb_events()
         if self.nemesis_journal is not None:
             self.nemesis_journal.close()
         history: list[Any] | None = None

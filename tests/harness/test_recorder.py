@@ -274,3 +274,29 @@ def test_the_runner_records_for_the_ownership_checker(zk_server, tmp_path):
     assert own["anomalies"]["double-owner"][0]["kind"] == "lock/lock"
     assert [op.f for op in store.load_history(run_dir)][-1] == OBSERVE_STOP
     assert r.observers == []
+
+
+def test_brokers_lb_events_become_history_rows(tmp_path):
+    from harness.lb_events import JOURNAL_NAME, import_lb_events
+    t0 = 5_000_000_000
+    b = f"{NS}/0x00000000_0x80000000"
+    logs = {"broker-1": ["12:00:01 INFO lb: LB_EVENT " + json.dumps(
+                {"event": "unload", "bundle": b, "source": "127.0.0.1:6650", "destination": "127.0.0.1:6650",
+                 "reason": "shed:ThresholdShedder", "leader": "127.0.0.1:6650", "mono_ns": t0 + 2_000_000_000}),
+                         "12:00:02 INFO something else", "12:00:03 INFO lb: LB_EVENT {not json",
+                         "12:00:04 INFO lb: LB_EVENT " + json.dumps({"event": "unload", "bundle": b})],
+            "broker-2": ["LB_EVENT " + json.dumps({"event": "unload", "bundle": b, "source": "127.0.0.2:6650",
+                                                   "destination": "127.0.0.1:6650", "reason": "shed:ThresholdShedder",
+                                                   "mono_ns": t0 + 1_000_000_000})]}
+    for name, lines in logs.items():
+        (tmp_path / "nodes" / name).mkdir(parents=True)
+        (tmp_path / "nodes" / name / "node.log").write_text("\n".join(lines) + "\n")
+    (tmp_path / "journals").mkdir()
+    assert import_lb_events(tmp_path, t0) == {"events": 2, "untimed": 1, "malformed": 1}
+    rows = list(read_jsonl(tmp_path / "journals" / JOURNAL_NAME))
+    assert [(op.time_ns, op.value["logged_by"], op.process) for op in rows] == [
+        (1_000_000_000, "broker-2", OBSERVER_PROCESS), (2_000_000_000, "broker-1", OBSERVER_PROCESS)]
+    start = Op(process=OBSERVER_PROCESS, type="ok", f=OBSERVE_START, value={"nodes": {}, "ports": {}})
+    r = check([start] + rows, {"grace_s": 60})
+    assert r.valid is False
+    assert r.stats["anomaly_counts"] == {"shed-to-owner": 1, "unload-within-grace": 1}
