@@ -10,7 +10,8 @@ The lock timeline. Each incarnation of a lock znode (its path and czxid) held by
 - certain: [first seen, last known held]: from the row that showed it (created, or present at a read of
   the whole tree) to the row that showed it gone, or the start of the gap in which it went, or the end of
   the observation;
-- possible: [may have been taken, may have been released]: from its creation row (or -inf for a lock
+- possible: [may have been taken, may have been released]: from its creation (the creation row's time
+  less how late the observer saw it, its wall clock against ZooKeeper's ctime; or -inf for a lock
   present when the recorder started, or the gap's start for one found after a gap) to its deletion row
   (or +inf for one still held when the recorder stopped).
 Gaps (`observe-gap-start` .. `observe-gap-end`) are when the recorder may have missed changes.
@@ -51,10 +52,10 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from checkers.toolkit import Cases, OpRefs, anomalies_of, anomaly_stats, mid_tuple, verdict
+from checkers.toolkit import Cases, OpRefs, anomalies_of, anomaly_stats, mid_tuple, percentile, verdict
 from core.history import INVOKE, NEMESIS_PROCESS, OBSERVER_PROCESS, OK, CheckResult, Op
-from core.observations import (BOUNDARIES, BUNDLE_LOCK, CHANGED, DELETED, FULL_LOWER, FULL_UPPER, GAP_END,
-                               GAP_START, LB_EVENT, LB_LEADER, OBSERVE_START, OBSERVE_STOP, PRESENT,
+from core.observations import (BOUNDARIES, BUNDLE_LOCK, CHANGED, CREATED, DELETED, FULL_LOWER, FULL_UPPER,
+                               GAP_END, GAP_START, LB_EVENT, LB_LEADER, OBSERVE_START, OBSERVE_STOP, PRESENT,
                                parse_bundle_name, range_name)
 
 INVALID_BY_DEFAULT = ("double-owner", "ranges-not-partition", "shed-to-owner", "unload-within-grace",
@@ -147,6 +148,10 @@ class Segment:
                 "from": self.how_start, "until": self.how_end, "rows": self.rows}
 
 
+def _ints(*xs: Any) -> bool:
+    return all(isinstance(x, int) and not isinstance(x, bool) for x in xs)
+
+
 def _s(t: float) -> float | str:
     if t == INF:
         return "end"
@@ -185,6 +190,7 @@ class _OwnershipCheck(OpRefs):
         self.lock_rows = 0
         self.unparsed_locks = 0
         self.initial = False                               # in the recorder's first read of the tree
+        self.lags: list[int] = []                          # how late creations were seen (ns)
 
     # ------------------------------------------------------------------------------------ the pass
 
@@ -299,7 +305,14 @@ class _OwnershipCheck(OpRefs):
             p0 = gap[0] if gap is not None else (-INF if self.initial else t)
             how = "found after a gap" if gap is not None else "present when recording began"
         else:
-            p0, how = t, ev or "created"
+            # it was created before the observer learnt of it: by how much, from ZooKeeper's ctime and
+            # the observer's wall clock at the read (one machine's clock; a negative lag counts as 0)
+            lag = v.get("wall_ms", 0) - v.get("ctime_ms", 0) if ev == CREATED and _ints(
+                v.get("wall_ms"), v.get("ctime_ms")) else 0
+            lag_ns = max(0, lag) * 1_000_000
+            if lag_ns:
+                self.lags.append(lag_ns)
+            p0, how = t - lag_ns, ev or "created"
         broker = self.canon(v.get("broker"))
         seg = Segment(ns, (rng[0], rng[1]), broker, str(v.get("broker")), v.get("czxid"), v.get("session"),
                       t, p0, row, how)
@@ -369,6 +382,7 @@ class _OwnershipCheck(OpRefs):
         for s in self.segments:
             brokers[s.broker] = brokers.get(s.broker, 0) + 1
         cap = int(self.o.get("max_timeline_rows") or 0)
+        lags = sorted(self.lags)
         return {
             "observed": self.started is not None,
             "observation_s": [_s(self.window[0]) if self.started is not None else None, _s(self.window[1])],
@@ -377,12 +391,19 @@ class _OwnershipCheck(OpRefs):
             "gaps": [{"from_s": _s(g0), "to_s": _s(g1),
                       "reason": row.value.get("reason") if isinstance(row.value, dict) else None}
                      for g0, g1, row in self.gaps],
+            "creation_seen_late_s": {"n": len(lags), "p50": _p(lags, 0.5), "p99": _p(lags, 0.99),
+                                     "max": _p(lags, 1.0)},
             "boundaries_rows": len(self.boundaries), "leaders": self.leaders[:cap],
             "lb_events": len(self.lb_events), "served_ops": len(self.served),
             "served_judged": getattr(self, "judged", 0), "served_unjudged": getattr(self, "unjudged", {}),
             "serving_signal": getattr(self, "signals", {}),
             "timeline": [s.json() for s in self.segments[:cap]],
         }
+
+
+def _p(sorted_ns: list[int], q: float) -> float | None:
+    v = percentile(sorted_ns, q)
+    return None if v is None else round(v / 1e9, 6)
 
 
 # ------------------------------------------------------------------------------------ the finders

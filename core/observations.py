@@ -14,8 +14,10 @@ monotonic time at which the observer learnt it (the same clock as every other op
 - `bundle-lock` key = the lock's path `/namespace/<tenant>/<ns>/0xLLLLLLLL_0xUUUUUUUU`;
   {"event": present | created | changed | deleted, "namespace", "range": [lower, upper] (the name's
   two numbers; the lock covers [lower, upper), the last one [lower, 0xffffffff]), "broker" (the value's
-  "broker"), "czxid", "mzxid", "version", "session" (ephemeralOwner, hex), "ctime_ms", "mtime_ms",
-  "zxid" (the client's last zxid when it read this), "data" (the value, text, capped)}.
+  "broker"), "czxid", "mzxid", "version", "session" (ephemeralOwner, hex), "ctime_ms", "mtime_ms"
+  (ZooKeeper's wall clock), "wall_ms" (the observer's wall clock when it read this: wall_ms - mtime_ms
+  is how late it learnt of the change, on one machine), "zxid" (the client's last zxid when it read
+  this), "data" (the value, text, capped)}.
   `present`: found by a (re-)read of the whole tree, so it existed at some unknown time before.
   `deleted`: gone; a deletion found by a re-read after a gap happened somewhere in the gap.
 - `boundaries` key = `/admin/local-policies/<tenant>/<ns>`; {"event", "namespace", "boundaries": [ints]

@@ -353,7 +353,7 @@ class OwnershipRecorder:
             v["broker"] = broker_of(text)
         v.update(czxid=stat.czxid, mzxid=stat.mzxid, version=stat.version,
                  session=_hex(stat.ephemeralOwner) if stat.ephemeralOwner else None,
-                 ctime_ms=stat.ctime, mtime_ms=stat.mtime, zxid=self._zxid(),
+                 ctime_ms=stat.ctime, mtime_ms=stat.mtime, wall_ms=time.time_ns() // 1_000_000, zxid=self._zxid(),
                  data=text[:MAX_DATA] + ("…" if len(text) > MAX_DATA else ""))
         return v
 

@@ -173,6 +173,21 @@ def test_serving_after_releasing_the_lock_outside_the_tolerance():
     assert check(h.ops, {"tolerance_s": 0.1}).stats["anomaly_counts"]["served-without-lock"] == 2
 
 
+def test_a_creation_seen_late_counts_from_zookeepers_ctime():
+    """The recorder learnt of broker-2's lock 2 s after ZooKeeper made it (ctime against its wall clock):
+    a send broker-2 served 1.5 s before the row is within its possible hold."""
+    h = H()
+    h.lock(0.01, HIGH, "10.0.0.1:6650", event="present")
+    row = h.lock(5.0, LOW, "10.0.0.2:6650")
+    h.send(3.5, "broker-2", T_QUARTER)
+    h.stop(10.0)
+    assert check(h.ops, {"tolerance_s": 0.1}).valid is False          # no wall clocks: counted from the row
+    row.value.update(ctime_ms=1_000_000, wall_ms=1_002_000)
+    r = check(h.ops, {"tolerance_s": 0.1})
+    assert r.valid is True, r.anomalies
+    assert r.stats["creation_seen_late_s"] == {"n": 1, "p50": 2.0, "p99": 2.0, "max": 2.0}
+
+
 def test_ops_in_a_gap_or_outside_the_observation_are_not_judged():
     h = H(start=1.0)
     h.lock(1.01, LOW, "10.0.0.1:6650", event="present")
