@@ -226,17 +226,19 @@ class OwnershipRecorder:
             zk = self._zk
             self._row("", GAP_END, {"session": _hex(zk.client_id[0] if zk and zk.client_id else None)})
 
-    def _scan(self, root: str, path: str, depth: int, f: str, present: set[str]) -> None:
+    def _scan(self, root: str, path: str, depth: int, f: str, present: set[str], rescan: bool = True) -> None:
+        """Read the subtree at `path` with watches. `rescan`: a read of the whole tree (rows `present`),
+        else a directory a watch just showed (its znodes are new: rows `created`)."""
         d = _depth(root, path)
         if d == depth:
-            if self._read(root, path, f, rescan=True):
+            if self._read(root, path, f, rescan=rescan):
                 present.add(path)
             return
         kids = self._list(path)
         if kids is None:
             return
         for k in sorted(kids):
-            self._scan(root, f"{path.rstrip('/')}/{k}", depth, f, present)
+            self._scan(root, f"{path.rstrip('/')}/{k}", depth, f, present, rescan)
 
     def _root_of(self, path: str) -> tuple[str, int, str] | None:
         for root, depth, f in self.roots:
@@ -266,7 +268,7 @@ class OwnershipRecorder:
                     if _depth(root, child) == depth:
                         self._read(root, child, f, rescan=False)
                     else:
-                        self._scan(root, child, depth, f, set())
+                        self._scan(root, child, depth, f, set(), rescan=False)
         except _Overflow:
             raise
         except Exception as e:

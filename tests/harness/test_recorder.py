@@ -300,3 +300,20 @@ def test_brokers_lb_events_become_history_rows(tmp_path):
     r = check([start] + rows, {"grace_s": 60})
     assert r.valid is False
     assert r.stats["anomaly_counts"] == {"shed-to-owner": 1, "unload-within-grace": 1}
+
+
+def test_locks_under_a_namespace_made_while_watching_are_created_not_present(zk_server, tmp_path):
+    """/namespace did not exist when the recorder started; the first lock makes its whole path: a
+    creation seen as it happened, not a lock found by a read of the whole tree."""
+    zk = fresh_chroot(zk_server)
+    b1 = _broker(zk, 1)
+    try:
+        with _Recording(zk, tmp_path) as r:
+            _until(lambda: any(op.f == OBSERVE_START for op in _rows(r.path)), "the start")
+            time.sleep(0.3)
+            _lock(b1, LOW, 1)
+            _until(lambda: r.seen(LOW, "created") or r.seen(LOW, "present"), "LOW")
+    finally:
+        b1.stop()
+        b1.close()
+    assert r.seen(LOW, "created") and not r.seen(LOW, "present")
