@@ -38,9 +38,16 @@ Anomalies (each names the bundle, the brokers, the times in seconds and the rows
   its source (or the lock's holder at that time).
 - `unload-within-grace` (invalid): two shedding unloads of one bundle less than `grace_s` apart.
 - `served-without-lock` (invalid): an op served by broker B when no segment of B covering the topic was
-  possibly held at any instant of the op window widened by `tolerance_s`. Judged only for windows inside
-  the observation that touch no gap, and only in namespaces where some lock was observed (stats count the
-  rest by reason); served-without-lock and lock/serve double-owner may report the same op.
+  possibly held at any instant of the op window widened by `tolerance_s`, while B's registration
+  (`/loadbalance/brokers/<id>`, ephemeral: its session) was certainly there over the window (or when no
+  registration was observed at all). Judged only for windows inside the observation that touch no gap,
+  and only in namespaces where some lock was observed (stats count the rest by reason);
+  served-without-lock and lock/serve double-owner may report the same op.
+- `served-after-session-loss` (informational unless listed in `invalid`): the same, but B's session was
+  not certainly alive: Pulsar's default keeps serving what it owns after its ZooKeeper session expired,
+  and fencing (the fencing checker) is what keeps the data safe then; a workload that claims
+  `zookeeperSessionExpiredPolicy=shutdown` makes it invalid. Another broker certainly holding the
+  bundle meanwhile is a `double-owner` in any case.
 - `owner-mismatch` (informational): an ok op of `owner_fs` (the admin API's answer {"bundle", "broker"})
   naming a broker other than the one certainly holding the bundle's lock over its whole window.
 
@@ -54,13 +61,13 @@ from typing import Any
 
 from checkers.toolkit import Cases, OpRefs, anomalies_of, anomaly_stats, mid_tuple, percentile, verdict
 from core.history import INVOKE, NEMESIS_PROCESS, OBSERVER_PROCESS, OK, CheckResult, Op
-from core.observations import (BOUNDARIES, BUNDLE_LOCK, CHANGED, CREATED, DELETED, FULL_LOWER, FULL_UPPER,
+from core.observations import (BOUNDARIES, BROKER_REGISTRATION, BUNDLE_LOCK, CHANGED, CREATED, DELETED, FULL_LOWER, FULL_UPPER,
                                GAP_END, GAP_START, LB_EVENT, LB_LEADER, OBSERVE_START, OBSERVE_STOP, PRESENT,
                                parse_bundle_name, range_name)
 
 INVALID_BY_DEFAULT = ("double-owner", "ranges-not-partition", "shed-to-owner", "unload-within-grace",
                       "served-without-lock")
-ANOMALY_TYPES = INVALID_BY_DEFAULT + ("owner-mismatch",)
+ANOMALY_TYPES = INVALID_BY_DEFAULT + ("served-after-session-loss", "owner-mismatch")
 
 DEFAULTS: dict[str, Any] = {
     "invalid": INVALID_BY_DEFAULT,   # anomaly types that make `valid` False
@@ -88,7 +95,7 @@ def check(history: list[Op], opts: dict[str, Any] | None = None) -> CheckResult:
     ranges_not_partition_cases(c, cases["ranges-not-partition"])
     shed_to_owner_cases(c, cases["shed-to-owner"])
     unload_within_grace_cases(c, cases["unload-within-grace"])
-    serving_cases(c, cases["double-owner"], cases["served-without-lock"])
+    serving_cases(c, cases["double-owner"], cases["served-without-lock"], cases["served-after-session-loss"])
     owner_mismatch_cases(c, cases["owner-mismatch"])
     unknown = c.why_unknown()
     stats = c.stats()
@@ -191,6 +198,8 @@ class _OwnershipCheck(OpRefs):
         self.unparsed_locks = 0
         self.initial = False                               # in the recorder's first read of the tree
         self.lags: list[int] = []                          # how late creations were seen (ns)
+        self.reg_open: dict[str, Segment] = {}             # registration path -> its current segment
+        self.regs: dict[str, list[Segment]] = {}           # broker -> its registrations (live sessions)
 
     # ------------------------------------------------------------------------------------ the pass
 
@@ -273,6 +282,8 @@ class _OwnershipCheck(OpRefs):
         elif f == BOUNDARIES:
             if v.get("event") != DELETED:
                 self.boundaries.append(op)
+        elif f == BROKER_REGISTRATION:
+            self._registration(op, v)
         elif f == LB_LEADER:
             self.leaders.append({"time_s": round(t / 1e9, 6), "event": v.get("event"),
                                  "broker": self.canon(v.get("broker")), "czxid": v.get("czxid"),
@@ -319,7 +330,34 @@ class _OwnershipCheck(OpRefs):
         self.open[path] = seg
         self.segments.append(seg)
 
-    def _end(self, path: str, seg: Segment, t: float, gap: list[Any] | None, row: int, how: str) -> None:
+    def _registration(self, op: Op, v: dict[str, Any]) -> None:
+        """A broker's registration (its live session) as a segment of its own, over no range."""
+        path, t, ev, gap = op.key, op.time_ns, v.get("event"), self.in_gap
+        seg = self.reg_open.get(path)
+        row = self.op_index(op)
+        if ev == DELETED:
+            if seg is not None:
+                self._end(path, seg, t, gap, row, "deleted", self.reg_open)
+            return
+        if seg is not None and seg.czxid == v.get("czxid"):
+            return
+        if seg is not None:
+            self._end(path, seg, t, gap, row, "replaced", self.reg_open)
+        p0 = (gap[0] if gap is not None else (-INF if self.initial else t)) if ev == PRESENT else t
+        seg = Segment("", (0, 0), self.canon(v.get("broker")), str(v.get("broker")), v.get("czxid"),
+                      v.get("session"), t, p0, row, ev or "created")
+        self.reg_open[path] = seg
+        self.regs.setdefault(seg.broker, []).append(seg)
+
+    def session_certainly_live(self, broker: str, a: float, b: float) -> bool | None:
+        """Whether the broker's registration was certainly there over [a, b]; None when no registration
+        was observed at all (the brokers register elsewhere: nothing can be said)."""
+        if not self.regs:
+            return None
+        return any(r.c0 <= a and b <= r.c1 for r in self.regs.get(broker, ()))
+
+    def _end(self, path: str, seg: Segment, t: float, gap: list[Any] | None, row: int, how: str,
+             open_: dict[str, Segment] | None = None) -> None:
         seg.rows.append(row)
         seg.p1 = t
         if gap is not None:          # found gone by the re-read: it went somewhere in the gap
@@ -328,12 +366,12 @@ class _OwnershipCheck(OpRefs):
         else:
             seg.c1 = t
             seg.how_end = how
-        self.open.pop(path, None)
+        (self.open if open_ is None else open_).pop(path, None)
 
     def close(self) -> None:
         """Segments still held when the observation ended: held certainly until then, possibly beyond."""
         end = self.stopped.time_ns if self.stopped is not None else self.last_obs
-        for seg in self.open.values():
+        for seg in [*self.open.values(), *self.reg_open.values()]:
             seg.c1 = max(seg.c0, end)
         self.window = (self.started.time_ns if self.started is not None else INF, end)
         self.by_ns: dict[str, dict[tuple[int, int], list[Segment]]] = {}
@@ -387,6 +425,7 @@ class _OwnershipCheck(OpRefs):
             "observed": self.started is not None,
             "observation_s": [_s(self.window[0]) if self.started is not None else None, _s(self.window[1])],
             "lock_rows": self.lock_rows, "lock_segments": len(self.segments), "segments_by_broker": brokers,
+            "registrations": {b: [r.json() for r in rs[:cap]] for b, rs in self.regs.items()},
             "unparsed_lock_rows": self.unparsed_locks,
             "gaps": [{"from_s": _s(g0), "to_s": _s(g1),
                       "reason": row.value.get("reason") if isinstance(row.value, dict) else None}
@@ -518,7 +557,7 @@ def unload_within_grace_cases(c: _OwnershipCheck, cases: Cases) -> None:
         last[b] = op
 
 
-def serving_cases(c: _OwnershipCheck, double: Cases, without: Cases) -> None:
+def serving_cases(c: _OwnershipCheck, double: Cases, without: Cases, after_loss: Cases) -> None:
     """`double-owner` (lock/serve) and `served-without-lock`, for every served op (module docstring)."""
     judged = 0
     unjudged: dict[str, int] = {}
@@ -565,12 +604,19 @@ def serving_cases(c: _OwnershipCheck, double: Cases, without: Cases) -> None:
                 "op": c.ref(ok), "invoke": c.ref(inv), "held_by": [s.json() for s in others]})
         if not mine:
             near = [s for rng in c.ranges_of(ns, h) for s in c.by_ns[ns][rng] if s.broker == broker]
-            without.add(lambda inv=inv, ok=ok, broker=broker, signal=signal, near=near, h=h, ns=ns, others=others: {
-                "topic": ok.key or inv.key, "hash": f"0x{h:08x}", "namespace": ns, "served_by": broker,
-                "signal": signal, "window_s": [round(inv.time_ns / 1e9, 6), round(ok.time_ns / 1e9, 6)],
-                "tolerance_s": c.o.get("tolerance_s"), "op": c.ref(ok), "invoke": c.ref(inv),
-                "its_locks_of_the_topic": [s.json() for s in near[:5]],
-                "held_by_others": [s.json() for s in others[:5]]})
+            live = c.session_certainly_live(broker, a, b)
+            regs = c.regs.get(broker, [])
+            (without if live is not False else after_loss).add(
+                lambda inv=inv, ok=ok, broker=broker, signal=signal, near=near, h=h, ns=ns, others=others,
+                live=live, regs=regs: {
+                    "topic": ok.key or inv.key, "hash": f"0x{h:08x}", "namespace": ns, "served_by": broker,
+                    "signal": signal, "window_s": [round(inv.time_ns / 1e9, 6), round(ok.time_ns / 1e9, 6)],
+                    "tolerance_s": c.o.get("tolerance_s"), "op": c.ref(ok), "invoke": c.ref(inv),
+                    "session": {None: "no registration observed", True: "registered throughout",
+                                False: "not certainly registered"}[live],
+                    "its_registrations": [r.json() for r in regs[:5]],
+                    "its_locks_of_the_topic": [s.json() for s in near[:5]],
+                    "held_by_others": [s.json() for s in others[:5]]})
     c.judged, c.unjudged, c.signals, c.unseen_namespaces = judged, unjudged, signals, unseen
 
 

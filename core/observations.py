@@ -22,6 +22,9 @@ monotonic time at which the observer learnt it (the same clock as every other op
   `deleted`: gone; a deletion found by a re-read after a gap happened somewhere in the gap.
 - `boundaries` key = `/admin/local-policies/<tenant>/<ns>`; {"event", "namespace", "boundaries": [ints]
   or null when the value holds none, "num_bundles", "czxid", "mzxid", "version", "zxid", "data"}.
+- `broker-registration` key = `/loadbalance/brokers/<brokerId>` (ephemeral: the broker's live ZooKeeper
+  session); {"event": present | created | deleted, "broker" (the znode's name), "czxid", "session",
+  "ctime_ms", "wall_ms", "zxid"}; its value (the load report, rewritten often) is not read.
 - `lb-leader` key = `/loadbalance/leader`; {"event", "broker", "czxid", "mzxid", "session", "zxid", "data"}.
 - `lb-event` key = the bundle `<tenant>/<ns>/0x..._0x...`: a decision a broker logged (an unload, a
   split) in the shape `LB_EVENT_FIELDS` documents; see docs/architecture.md.
@@ -42,14 +45,16 @@ BUNDLE_LOCK = "bundle-lock"
 BOUNDARIES = "boundaries"
 LB_LEADER = "lb-leader"
 LB_EVENT = "lb-event"
+BROKER_REGISTRATION = "broker-registration"
 OBSERVATION_FS = frozenset({OBSERVE_START, GAP_START, GAP_END, OBSERVE_STOP, BUNDLE_LOCK, BOUNDARIES,
-                            LB_LEADER, LB_EVENT})
+                            LB_LEADER, LB_EVENT, BROKER_REGISTRATION})
 
 PRESENT, CREATED, CHANGED, DELETED = "present", "created", "changed", "deleted"
 
 NAMESPACE_ROOT = "/namespace"                       # Pulsar's ServiceUnitUtils.OWNER_INFO_ROOT
 LOCAL_POLICIES_ROOT = "/admin/local-policies"       # LocalPoliciesResources.LOCAL_POLICIES_ROOT
 LB_LEADER_PATH = "/loadbalance/leader"              # the modular load manager's leader election
+BROKERS_PATH = "/loadbalance/brokers"               # one ephemeral znode per live broker
 FULL_LOWER = 0x00000000
 FULL_UPPER = 0xFFFFFFFF
 

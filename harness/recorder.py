@@ -1,5 +1,6 @@
 """The ownership recorder: watches the cluster's ZooKeeper through kazoo during a run and journals every
-change of the bundle locks, the namespaces' boundaries and the load-balancer leader (core/observations.py).
+change of the bundle locks, the namespaces' boundaries, the load-balancer leader and the brokers'
+registrations (core/observations.py).
 
 It runs in the runner, on the host side (the nemesis cuts brokers from ZooKeeper, not the runner), with its
 own kazoo session and one thread. Watches only set a flag for a path; the thread re-reads the path and
@@ -17,7 +18,7 @@ import time
 from typing import Any
 
 from core.history import OBSERVER_PROCESS, OK, Journal, Op
-from core.observations import (BOUNDARIES, BUNDLE_LOCK, CHANGED, CREATED, DELETED, GAP_END, GAP_START,
+from core.observations import (BOUNDARIES, BROKER_REGISTRATION, BROKERS_PATH, BUNDLE_LOCK, CHANGED, CREATED, DELETED, GAP_END, GAP_START,
                                LB_LEADER, LB_LEADER_PATH, LOCAL_POLICIES_ROOT, NAMESPACE_ROOT, OBSERVE_START,
                                OBSERVE_STOP, PRESENT, broker_of, namespace_of_policies, parse_boundaries,
                                parse_bundle_path)
@@ -38,6 +39,7 @@ ROOTS: tuple[tuple[str, int, str], ...] = (
     (NAMESPACE_ROOT, 3, BUNDLE_LOCK),
     (LOCAL_POLICIES_ROOT, 2, BOUNDARIES),
     (LB_LEADER_PATH, 0, LB_LEADER),
+    (BROKERS_PATH, 1, BROKER_REGISTRATION),       # existence only: the value is a load report
 )
 
 
@@ -302,13 +304,20 @@ class OwnershipRecorder:
         """Read a journaled znode with a watch; journal it if new or changed. False if it does not exist."""
         from kazoo.exceptions import NoNodeError
         zk = self._zk
-        try:
-            data, stat = zk.get_async(path, watch=self._watch).get(timeout=OP_TIMEOUT_S)
-        except NoNodeError:
-            zk.exists_async(path, watch=self._watch).get(timeout=OP_TIMEOUT_S)   # a leaf root that may come
-            return False
+        if f == BROKER_REGISTRATION:        # existence only: its value (a load report) changes all the time
+            stat = zk.exists_async(path, watch=self._watch).get(timeout=OP_TIMEOUT_S)
+            if stat is None:
+                return False
+            data = None
+        else:
+            try:
+                data, stat = zk.get_async(path, watch=self._watch).get(timeout=OP_TIMEOUT_S)
+            except NoNodeError:
+                zk.exists_async(path, watch=self._watch).get(timeout=OP_TIMEOUT_S)   # a leaf root that may come
+                return False
         old = self._seen.get(path)
-        if old is not None and old["czxid"] == stat.czxid and old["mzxid"] == stat.mzxid:
+        if old is not None and old["czxid"] == stat.czxid and (old["mzxid"] == stat.mzxid
+                                                                 or f == BROKER_REGISTRATION):
             return True
         if old is None:
             event = PRESENT if rescan else CREATED
@@ -351,6 +360,8 @@ class OwnershipRecorder:
             b, n = parse_boundaries(text)
             v["boundaries"] = b
             v["num_bundles"] = n
+        elif f == BROKER_REGISTRATION:
+            v["broker"] = path.rsplit("/", 1)[-1]
         else:
             v["broker"] = broker_of(text)
         v.update(czxid=stat.czxid, mzxid=stat.mzxid, version=stat.version,

@@ -8,7 +8,7 @@ import pytest
 from checkers import REGISTRY, observers
 from checkers.ownership import check, covers, overlap, topic_hash
 from core.history import OBSERVER_PROCESS, MessageId, Op
-from core.observations import (BOUNDARIES, BUNDLE_LOCK, GAP_END, GAP_START, LB_EVENT, OBSERVE_START,
+from core.observations import (BOUNDARIES, BROKER_REGISTRATION, BUNDLE_LOCK, GAP_END, GAP_START, LB_EVENT, OBSERVE_START,
                                OBSERVE_STOP)
 
 S = 1_000_000_000
@@ -67,6 +67,10 @@ class H:
         czxid, broker = self.locks.pop(rng)
         return self.obs(at, BUNDLE_LOCK, f"/namespace/{NS}/0x{rng[0]:08x}_0x{rng[1]:08x}",
                         {"event": "deleted", "namespace": NS, "range": list(rng), "broker": broker, "czxid": czxid})
+
+    def registration(self, at: float, broker: str, event: str = "present", czxid: int = 1) -> Op:
+        return self.obs(at, BROKER_REGISTRATION, f"/loadbalance/brokers/{broker}",
+                        {"event": event, "broker": broker, "czxid": czxid, "session": "0x1"})
 
     def boundaries(self, at: float, bounds: list, event: str = "present", num=None) -> Op:
         return self.obs(at, BOUNDARIES, f"/admin/local-policies/{NS}",
@@ -186,6 +190,34 @@ def test_a_creation_seen_late_counts_from_zookeepers_ctime():
     r = check(h.ops, {"tolerance_s": 0.1})
     assert r.valid is True, r.anomalies
     assert r.stats["creation_seen_late_s"] == {"n": 1, "p50": 2.0, "p99": 2.0, "max": 2.0}
+
+
+@pytest.mark.parametrize("session_lost", [False, True])
+def test_serving_without_the_lock_with_and_without_a_live_session(session_lost):
+    """broker-1's lock goes at 5 s and it serves at 8 s: with its registration (its session) still
+    there that is served-without-lock; with its session gone too it is Pulsar's keep-serving window,
+    informational unless the workload lists it as invalid."""
+    h = H()
+    h.registration(0.01, "10.0.0.1:6650")
+    h.registration(0.01, "10.0.0.2:6650", czxid=2)
+    h.lock(0.01, LOW, "10.0.0.1:6650", event="present")
+    h.unlock(5.0, LOW)
+    if session_lost:
+        h.registration(5.0, "10.0.0.1:6650", event="deleted")
+    h.send(8.0, "broker-1", T_QUARTER)
+    h.stop(10.0)
+    r = check(h.ops)
+    if session_lost:
+        assert r.valid is True, r.anomalies
+        (case,) = r.anomalies["served-after-session-loss"]
+        assert case["session"] == "not certainly registered"
+        assert case["its_registrations"][0]["held_certainly_s"] == [0.01, 5.0]
+        strict = check(h.ops, {"invalid": ("served-without-lock", "served-after-session-loss")})
+        assert strict.valid is False
+    else:
+        assert r.valid is False and "served-after-session-loss" not in r.anomalies
+        (case,) = r.anomalies["served-without-lock"]
+        assert case["session"] == "registered throughout"
 
 
 def test_ops_in_a_gap_or_outside_the_observation_are_not_judged():

@@ -302,6 +302,30 @@ def test_brokers_lb_events_become_history_rows(tmp_path):
     assert r.stats["anomaly_counts"] == {"shed-to-owner": 1, "unload-within-grace": 1}
 
 
+def test_registrations_are_recorded_without_their_load_reports(zk_server, tmp_path):
+    """A broker's /loadbalance/brokers/<id> znode (its session) is journaled when it comes and goes;
+    its value, a load report rewritten all the time, is not."""
+    from core.observations import BROKER_REGISTRATION
+    zk = fresh_chroot(zk_server)
+    b1 = _broker(zk, 1)
+    reg = "/loadbalance/brokers/127.0.0.1:6650"
+    try:
+        b1.create(reg, b'{"cpu": 1}', ephemeral=True, makepath=True)
+        with _Recording(zk, tmp_path) as r:
+            _until(lambda: any(op.f == BROKER_REGISTRATION for op in _rows(r.path)), "the registration")
+            for i in range(5):
+                b1.set(reg, json.dumps({"cpu": i}).encode())
+            time.sleep(0.3)
+            b1.stop()                 # the session ends: the registration goes
+            _until(lambda: any(op.f == BROKER_REGISTRATION and op.value["event"] == "deleted"
+                               for op in _rows(r.path)), "the registration's end")
+    finally:
+        b1.stop()
+        b1.close()
+    rows = [(op.value["event"], op.value["broker"]) for op in _rows(r.path, BROKER_REGISTRATION)]
+    assert rows == [("present", "127.0.0.1:6650"), ("deleted", "127.0.0.1:6650")]
+
+
 def test_locks_under_a_namespace_made_while_watching_are_created_not_present(zk_server, tmp_path):
     """/namespace did not exist when the recorder started; the first lock makes its whole path: a
     creation seen as it happened, not a lock found by a read of the whole tree."""
