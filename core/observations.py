@@ -61,13 +61,15 @@ FULL_UPPER = 0xFFFFFFFF
 # The event a broker logs for each load-balancer decision (one JSON object per line, after the marker
 # `LB_EVENT ` in its node log); the ownership checker reads `unload` events.
 LB_EVENT_FIELDS = {
-    "event": "unload | split | assign",
+    "event": "unload | split | assign (the leader's decisions); lock-acquired | lock-released | lock-lost | "
+             "lock-reacquired | serving-started | serving-stopped (a broker's own view of its bundles)",
     "bundle": "<tenant>/<ns>/0xLLLLLLLL_0xUUUUUUUU",
     "source": "the owner before (broker id host:port), null if none",
     "destination": "the broker chosen (host:port), null if the leader left it to the next lookup",
-    "reason": "shed:<Shedder> | admin | split | overload | ...",
+    "reason": "shed:<Shedder> | admin | split | overload | lookup | preallocated | affinity | ...",
     "leader": "the leader that decided (host:port)",
-    "children": "split only: the two child ranges",
+    "children": "split only: the child ranges; with algorithm, unload and the boundaries' new version",
+    "broker": "lock-*/serving-*: the broker logging it; with session (hex) and czxid of its lock",
     "mono_ns": "CLOCK_MONOTONIC of the broker's host when decided (the history's clock on one machine)",
     "wall_ms": "the broker's wall clock, for people",
 }
