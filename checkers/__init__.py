@@ -8,7 +8,7 @@ several checkers share.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,10 +20,13 @@ CheckFn = Callable[[list[Op], "dict[str, Any] | None"], CheckResult]
 
 @dataclass(frozen=True)
 class Checker:
-    """A checker's declaration: the module whose `function` is the check, and one line of help."""
+    """A checker's declaration: the module whose `function` is the check, one line of help, and the
+    observers the runner must run for it (`observers`: names of `harness.recorder`'s recorders, whose rows
+    join the history; e.g. "ownership")."""
     module: str
     help: str
     function: str = "check"
+    observers: tuple[str, ...] = ()
 
     @property
     def check(self) -> CheckFn:
@@ -38,7 +41,14 @@ REGISTRY: Registry[Checker] = Registry("checker", {
     "perf": Checker("checkers.perf", "latency, throughput, availability and recovery per fault state"),
     "exactly-once": Checker("checkers.exactly_once", "a processor's outputs against its inputs, exactly once"),
     "linear": Checker("checkers.linear", "linearizability against a model (opts['model'], default cas-register)"),
+    "ownership": Checker("checkers.ownership", "one owner per bundle at a time, boundaries that partition the "
+                         "hash space, shedding rules, no serving without the lock", observers=("ownership",)),
 })
+
+
+def observers(names: "Iterable[str]") -> set[str]:
+    """The observers the registered checkers among `names` need the runner to run."""
+    return {o for n in names if n in REGISTRY for o in REGISTRY[n].observers}
 
 
 def select(wanted: Mapping[str, dict[str, Any]]) -> dict[str, tuple[CheckFn, dict[str, Any]]]:
@@ -46,4 +56,4 @@ def select(wanted: Mapping[str, dict[str, Any]]) -> dict[str, tuple[CheckFn, dic
     return {n: (REGISTRY[n].check, dict(o)) for n, o in wanted.items() if n in REGISTRY}
 
 
-__all__ = ["Checker", "REGISTRY", "select"]
+__all__ = ["Checker", "REGISTRY", "observers", "select"]

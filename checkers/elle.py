@@ -68,7 +68,7 @@ from typing import Any
 
 from checkers.toolkit import (Cases, OpRefs, anomalies_of, anomaly_stats, gc_paused, jsonable, mid_json, mid_tuple,
                               norm_value, op_names, partition_of, position_key, unpack_position, verdict)
-from core.history import INFO, INVOKE, NEMESIS_PROCESS, OK, CheckResult, Op
+from core.history import INFO, INVOKE, OK, CheckResult, Op
 
 # edge kinds, as bits (Elle's BitRels: ww 1, wr 2, rw 4, process 0x40, realtime 0x80; here the
 # realtime relation is three kinds of edges around the time nodes)
@@ -182,7 +182,7 @@ class _Graph(OpRefs):
         t_used = True           # an invocation has attached to cur_t since it was made
         for op in self.h:
             p = op.process
-            if p == NEMESIS_PROCESS:
+            if p < 0:                       # the nemesis and observers are not clients
                 continue
             typ = op.type
             if typ == INVOKE:

@@ -62,7 +62,7 @@ from typing import Any
 
 from checkers.toolkit import (Cases, anomalies_of, anomaly_stats, full_op, jsonable, mid_json, mid_tuple,
                               norm_value, rounded, verdict)
-from core.history import INVOKE, NEMESIS_PROCESS, OK, CheckResult, Op
+from core.history import INVOKE, OK, CheckResult, Op
 
 INVALID_BY_DEFAULT = ("split-brain", "ledger-multi-writer", "beyond-close", "ack-after-fence",
                       "lost-entry", "inconsistent-close")
@@ -158,7 +158,7 @@ class _FencingCheck:
         final = self.final
         for op in self.h:
             p = op.process
-            if p == NEMESIS_PROCESS:
+            if p < 0:                       # the nemesis and observers are not clients
                 continue
             if op.type == INVOKE:
                 self.open[p] = op

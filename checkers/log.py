@@ -219,8 +219,9 @@ class _LogCheck(OpRefs):
             f = op.f
             typ = op.type
             p = op.process
-            if p == NEMESIS_PROCESS:
-                self.faults.feed(op.time_ns, op.type, op.f, op)
+            if p < 0:                       # the nemesis; observers (-2) are not clients
+                if p == NEMESIS_PROCESS:
+                    self.faults.feed(op.time_ns, op.type, op.f, op)
                 continue
             if typ == INVOKE:
                 if p in open_:

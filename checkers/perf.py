@@ -111,9 +111,10 @@ def _perf(history: list[Op], o: dict[str, Any]) -> CheckResult:
     for op in h:
         p = op.process
         t = op.time_ns
-        if p == NEMESIS_PROCESS:
-            n_nem += 1
-            tl.feed(t, op.type, op.f, op)
+        if p < 0:                           # the nemesis; observers (-2) are not clients
+            if p == NEMESIS_PROCESS:
+                n_nem += 1
+                tl.feed(t, op.type, op.f, op)
             continue
         if p >= final:
             final_ops += 1

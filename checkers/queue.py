@@ -34,7 +34,7 @@ from typing import Any
 
 from checkers.toolkit import (Cases, OpRefs, anomalies_of, anomaly_stats, gc_paused, jsonable, mid_json, mid_tuple,
                               norm_value, op_names, position_key, redelivery_count, verdict)
-from core.history import FAIL, INFO, INVOKE, NEMESIS_PROCESS, OK, CheckResult, Op
+from core.history import FAIL, INFO, INVOKE, OK, CheckResult, Op
 
 ANOMALY_TYPES = ("lost", "unexpected", "duplicated", "recovered", "duplicate")
 
@@ -112,7 +112,7 @@ class _QueueCheck(OpRefs):
         enq_fs, deq_fs, drain_fs, read_fs = self.enq_fs, self.deq_fs, self.drain_fs, self.read_fs
         for op in self.h:
             p = op.process
-            if p == NEMESIS_PROCESS:
+            if p < 0:                       # the nemesis and observers are not clients
                 continue
             f = op.f
             if op.type == INVOKE:

@@ -16,6 +16,7 @@ from typing import Any, Iterable, Iterator
 INVOKE, OK, FAIL, INFO = "invoke", "ok", "fail", "info"
 TYPES = (INVOKE, OK, FAIL, INFO)
 NEMESIS_PROCESS = -1
+OBSERVER_PROCESS = -2          # observers (core/observations.py): what the harness saw, not ops it did
 
 
 class HistoryError(ValueError):

@@ -21,6 +21,7 @@ from typing import Any, Iterable, NamedTuple
 from urllib.parse import quote
 
 from core.faults import FaultTimeline
+from core.history import NEMESIS_PROCESS
 
 REPORT_NAME = "report.html"
 MAX_ROWS = 200                  # anomaly evidence rows shown per type
@@ -225,7 +226,8 @@ def _analyse(h: History | None) -> Analysis:
     counts = a.counts
     for op in h.ops:
         if op.process < 0:
-            a.nemesis_ops.append(op)
+            if op.process == NEMESIS_PROCESS:       # observers' rows (-2) are neither faults nor clients
+                a.nemesis_ops.append(op)
             continue
         counts[op.type] += 1
         c = a.by_f.get(op.f)

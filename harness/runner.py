@@ -120,6 +120,8 @@ class Run:
         self.nemesis_thread: threading.Thread | None = None
         self.nemesis_stop = threading.Event()
         self.nemesis_journal: Journal | None = None
+        self.observers: list[tuple[Any, Journal]] = []   # (recorder, its journal): harness/recorder.py
+        self.observed = False                            # an observer ran: import the brokers' lb events
         self.final_reads_done = False
         self.interrupted: str | None = None
         self.check_errors: list[str] = []
@@ -215,6 +217,7 @@ class Run:
         t0 = self.t0_ns / 1e9
         deadline_ns = self.t0_ns + int(spec.time_limit * 1e9)
         n = self.workload.worker_count(spec)
+        self._start_observers()
         self.progress.phase("workload")
         for i in range(n):
             self.workers.append(self._launch(f"worker-{i}", self._worker_argv(
@@ -245,6 +248,53 @@ class Run:
         self.timings["workload_s"] = round(time.monotonic() - t0, 3)
         self.progress.stop()
         self.progress.line(f"workload done: {self.progress.summary()}")
+
+    def _start_observers(self) -> None:
+        """The observers the workload's checkers need (`checkers.Checker.observers`), journaling into the
+        run's journals/ from the workload's start; stopped in `_finish`, before the teardown."""
+        import checkers
+        try:
+            wanted = checkers.observers(self.workload.checkers(self.spec))
+        except Exception as e:
+            self._error(f"observers: {type(e).__name__}: {e}")
+            return
+        if "ownership" not in wanted:
+            return
+        from harness import recorder
+        cluster = json.loads((self.run_dir / store.CLUSTER_JSON).read_text())
+        if not cluster.get("zk_connect"):
+            self._error(f"ownership recorder: {store.CLUSTER_JSON} names no zk_connect")
+            return
+        journal = Journal(store.journal_dir(self.run_dir) / recorder.JOURNAL_NAME, self.t0_ns)
+        try:
+            rec = recorder.record(cluster["zk_connect"], journal, cluster)
+        except recorder.RecorderError as e:
+            journal.close()
+            self._error(f"ownership recorder: {e}")
+            return
+        self.observers.append((rec, journal))
+        self.observed = True
+        log.info("ownership recorder watching %s", cluster["zk_connect"])
+
+    def _stop_observers(self) -> None:
+        while self.observers:
+            rec, journal = self.observers.pop()
+            try:
+                rec.stop("run ended" if not self.errors else f"run ended during {self.step}")
+            finally:
+                journal.close()
+
+    def _import_lb_events(self) -> None:
+        """The brokers' logged load-balancer decisions into journals/ (when the ownership recorder ran)."""
+        if not self.observed or self.t0_ns is None:
+            return
+        try:
+            from harness.lb_events import import_lb_events
+            counts = import_lb_events(self.run_dir, self.t0_ns)
+            log.info("load-balancer events from the node logs: %s", counts)
+        except Exception as e:
+            log.error("importing load-balancer events failed:\n%s", traceback.format_exc())
+            self._error(f"lb events: {type(e).__name__}: {e}")
 
     def _run_nemesis(self) -> None:
         try:
@@ -343,7 +393,13 @@ class Run:
             self.progress.line(f"stopped: {self.progress.summary()}")
         self._stop_nemesis()
         self._stop_workers([p for p in self.workers if p.poll() is None], "stopping")
+        try:
+            self._stop_observers()          # before the teardown, which deletes every lock
+        except Exception as e:
+            log.error("stopping observers failed:\n%s", traceback.format_exc())
+            self._error(f"observers: {type(e).__name__}: {e}")
         self._teardown()
+        self._import_lb_events()
         if self.nemesis_journal is not None:
             self.nemesis_journal.close()
         history: list[Any] | None = None
