@@ -60,13 +60,16 @@ class ModularLoadManager:
         self.rng = random.Random()
         self._leader: dict[str, Any] | None = None
         self._is_leader = False
-        self._written: Any = None                 # the LocalBrokerData last written
+        self._written: Any = None                 # a copy of the LocalBrokerData last written
+        self._local: Any = None                   # this broker's LocalBrokerData, updated in place
         self._tasks: list[asyncio.Task] = []
         self._elect_lock = asyncio.Lock()
         self._stopped = False
         self.brokers: dict[str, dict[str, Any]] = {}      # every live broker's registration (leader)
         self.load_data: Any = None                        # data.LoadData (leader)
         self.shedder: Any = None                          # the shedding strategy (keeps its state)
+        self.placement: Any = None                        # the placement strategy (keeps its state)
+        self.urls: dict[str, str] = {}                    # brokerId -> pulsarServiceUrl, of every broker seen
         self.affinity: dict[str, str] = {}                # bundle -> brokerId (unload with destination)
         self.recently_unloaded: dict[str, int] = {}       # bundle -> ms (the grace period)
         self.decisions: deque[dict[str, Any]] = deque(maxlen=500)
@@ -121,11 +124,14 @@ class ModularLoadManager:
         return self._local_data().to_json()
 
     def _local_data(self) -> Any:
-        """This broker's LocalBrokerData now: measured usage, and its bundles' stats."""
+        """This broker's LocalBrokerData now: measured usage, and its bundles' stats (the gains and
+        losses since the last written report are kept, as Pulsar's LocalBrokerData.update does)."""
         from clusters.loadbalancer.data import LocalBrokerData, NamespaceBundleStats, ResourceUsage
         svc = self.service
-        usage = self.usage.latest
-        stats: dict[str, Any] = {}
+        if self._local is None:
+            self._local = LocalBrokerData(webServiceUrl=self.cfg.web_url, pulsarServiceUrl=self.cfg.service_url,
+                                          loadManagerClassName=CLASS_NAME)
+        stats: dict[str, Any] = {str(b): NamespaceBundleStats() for b in svc.ownership.owned}
         for name, t in list(svc.topics.items()):
             try:
                 bundle = str(svc.ownership.bundle(name))
@@ -141,27 +147,14 @@ class ModularLoadManager:
             s.topics += 1
             s.producerCount += len(t.producers)
             s.consumerCount += sum(len(sub.consumers) for sub in t.subscriptions.values())
-        bundles = sorted(str(b) for b in svc.ownership.owned)
-        for b in bundles:
-            stats.setdefault(b, NamespaceBundleStats())
-        data = LocalBrokerData(
-            webServiceUrl=self.cfg.web_url, pulsarServiceUrl=self.cfg.service_url,
-            cpu=ResourceUsage(usage["cpu"].usage, usage["cpu"].limit),
-            memory=ResourceUsage(usage["memory"].usage, usage["memory"].limit),
-            directMemory=ResourceUsage(usage["directMemory"].usage, usage["directMemory"].limit),
-            bandwidthIn=ResourceUsage(usage["bandwidthIn"].usage, usage["bandwidthIn"].limit),
-            bandwidthOut=ResourceUsage(usage["bandwidthOut"].usage, usage["bandwidthOut"].limit),
-            lastStats=stats, bundles=bundles, lastUpdate=_now_ms(),
-            loadManagerClassName=CLASS_NAME)
-        data.msgRateIn = sum(s.msgRateIn for s in stats.values())
-        data.msgRateOut = sum(s.msgRateOut for s in stats.values())
-        data.msgThroughputIn = sum(s.msgThroughputIn for s in stats.values())
-        data.msgThroughputOut = sum(s.msgThroughputOut for s in stats.values())
-        data.numTopics = sum(s.topics for s in stats.values())
-        data.numBundles = len(bundles)
-        data.numProducers = sum(s.producerCount for s in stats.values())
-        data.numConsumers = sum(s.consumerCount for s in stats.values())
-        return data
+        u = self.usage.latest
+
+        def ru(kind: str) -> Any:
+            return ResourceUsage(u[kind].usage, u[kind].limit)
+        self._local.update(stats, cpu=ru("cpu"), memory=ru("memory"), direct_memory=ru("directMemory"),
+                           bandwidth_in=ru("bandwidthIn"), bandwidth_out=ru("bandwidthOut"))
+        self._local.lastUpdate = _now_ms()
+        return self._local
 
     def _registration(self, data: Any) -> bytes:
         doc = data.to_json()
@@ -182,7 +175,12 @@ class ModularLoadManager:
             except NoNode:
                 pass
             await self.store.create(self.path, body, ephemeral=True, makepath=True)
-        self._written = data
+        self._wrote(data)
+
+    def _wrote(self, data: Any) -> None:
+        import copy
+        self._written = copy.deepcopy(data)
+        data.clean_deltas()
 
     async def _report_loop(self) -> None:
         """LoadReportUpdaterTask: sample the signals, write the report when it changed enough."""
@@ -198,9 +196,9 @@ class ModularLoadManager:
                                                                     data.lastUpdate):
                     try:
                         await self.store.set(self.path, self._registration(data))
+                        self._wrote(data)
                     except NoNode:
                         await self._register()
-                    self._written = data
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - the next round tries again
@@ -259,7 +257,7 @@ class ModularLoadManager:
 
     def _become(self, leader: bool) -> None:
         if leader != self._is_leader:
-            self._decision({"event": "leader", "leader": leader, "broker": self.broker_id})
+            self._event("leader-change", elected=leader)
             if leader:
                 from clusters.loadbalancer.data import LoadData
                 self.load_data = LoadData()
@@ -319,60 +317,60 @@ class ModularLoadManager:
         broker = await self.select_broker(bundle)
         if broker is None or broker == self.broker_id:
             return Assignment()
-        reg = self.brokers.get(broker) or (await self.available_brokers()).get(broker)
-        if reg is None or not reg.get("pulsarServiceUrl"):
+        url = self.urls.get(broker)          # a dead broker's too: only the knob keeps choosing those
+        if not url:
             return Assignment()
-        return Assignment(url=reg["pulsarServiceUrl"], authoritative=True)
+        return Assignment(url=url, authoritative=True)
 
     async def select_broker(self, bundle: Bundle) -> str | None:
-        """The leader's `selectBrokerForAssignment`: affinity first, then a preallocation, then the
-        placement strategy over the live brokers (the choice is preallocated)."""
+        """The leader's `selectBrokerForAssignment`: affinity first (unload with a destination), then a
+        preallocation, then the placement strategy over the live brokers (its choice preallocated)."""
         from clusters.loadbalancer.placement import select_broker
         await self._refresh()
         name = str(bundle)
-        live = sorted(self.brokers)
-        if not live:
+        if not self.brokers:
             return None
         dest = self.affinity.pop(name, None)
         if dest in self.brokers:
-            self._decision({"event": "assign", "bundle": name, "broker": dest, "reason": "affinity"})
-            self.load_data.preallocate(name, dest)
+            self._event("assign", bundle=name, destination=dest, reason="affinity")
             return dest
-        pre = self.load_data.preallocated_broker(name)
-        if pre is not None and (pre in self.brokers or self.keep_preallocations):
-            self._decision({"event": "assign", "bundle": name, "broker": pre, "reason": "preallocated"})
-            return pre
-        counts = self._namespace_bundle_counts(bundle.namespace)
-        decision = select_broker(name, live, self.load_data, self.settings, self.rng,
-                                 namespace_bundle_counts=counts)
-        chosen = decision.broker
+        decision = select_broker(name, sorted(self.brokers), self.load_data, self.settings, self.rng,
+                                 strategy=self._placement_strategy())
         self.counters["assign"] += 1
-        self._decision({"event": "assign", "bundle": name, **decision.as_dict()})
-        return chosen
+        self._event("assign", bundle=name, destination=decision.broker,
+                    reason="preallocated" if decision.reason == "preallocated" else "lookup",
+                    decision=decision.as_dict())
+        return decision.broker
 
-    def _namespace_bundle_counts(self, namespace: str) -> dict[str, int]:
-        counts = {b: 0 for b in self.brokers}
-        for b, reg in self.brokers.items():
-            for name in reg.get("bundles") or []:
-                if isinstance(name, str) and name.startswith(namespace + "/"):
-                    counts[b] += 1
-        for name, b in self.load_data.preallocations().items():
-            if name.startswith(namespace + "/") and b in counts:
-                counts[b] += 1
-        return counts
+    def _placement_strategy(self) -> Any:
+        if self.placement is None:
+            from clusters.loadbalancer.placement import make_placement_strategy
+            self.placement = make_placement_strategy(self.settings)
+        return self.placement
 
     async def _refresh(self) -> None:
-        """updateAll: every live broker's report into the load data; dead brokers' data dropped."""
+        """updateAll: every live broker's report into the load data; dead brokers' data dropped (and
+        their preallocations released, unless the bug knob keeps them)."""
         from clusters.loadbalancer.data import LocalBrokerData
         regs = await self.available_brokers()
-        reports = {}
+        reports: dict[str, Any] = {}
         for b, doc in regs.items():
             try:
                 reports[b] = LocalBrokerData.from_json(doc)
-            except Exception:  # noqa: BLE001 - a malformed report: skip the broker this round
+            except Exception:  # noqa: BLE001 - a malformed report: the broker counts as without one
                 log.warning("malformed load report of %s", b)
-        self.brokers = regs
-        self.load_data.update_all_broker_data(reports, keep_dead_preallocations=self.keep_preallocations)
+                reports[b] = None
+            if isinstance(doc.get("pulsarServiceUrl"), str):
+                self.urls[b] = doc["pulsarServiceUrl"]
+        self.brokers = {b: d for b, d in regs.items() if reports.get(b) is not None}
+        kept = dict(self.load_data.preallocated_bundle_to_broker) if self.keep_preallocations else {}
+        gone = self.load_data.update_all_broker_data(reports)
+        if kept:
+            # bug knob lb.keep_preallocations (apache/pulsar#478): a dead broker's preallocations stay
+            for bundle, broker in kept.items():
+                self.load_data.preallocated_bundle_to_broker.setdefault(bundle, broker)
+        if gone:
+            self._event("brokers-gone", brokers=gone)
         self.load_data.update_bundle_data()
 
     # -- the leader's timers -----------------------------------------------------------------------
@@ -397,31 +395,27 @@ class ModularLoadManager:
                 log.warning("load manager leader round: %s", e, exc_info=True)
 
     async def do_load_shedding(self) -> list[dict[str, Any]]:
-        from clusters.loadbalancer.shedding import make_strategy, plan_shedding
+        """doLoadShedding: the strategy's bundles, each unloaded towards the placement's choice (never
+        the current owner, unless the bug knob), none twice within the grace period."""
+        from clusters.loadbalancer.shedding import make_shedding_strategy, placement_destination, plan_shedding
         if self.shedder is None:
-            self.shedder = make_strategy(self.settings.loadBalancerLoadSheddingStrategy)
-
-        def destination(bundle: str) -> str | None:
-            from clusters.loadbalancer.placement import select_broker
-            ns = bundle.rsplit("/", 1)[0]
-            d = select_broker(bundle, sorted(self.brokers), self.load_data, self.settings, self.rng,
-                              namespace_bundle_counts=self._namespace_bundle_counts(ns), preallocate=False)
-            return d.broker
-
+            self.shedder = make_shedding_strategy(self.settings)
+        select = placement_destination(self.load_data, self.settings, self.rng, strategy=self._placement_strategy())
         plan = plan_shedding(self.load_data, self.shedder, self.recently_unloaded, _now_ms(), self.settings,
-                             destination, skip_current_owner=not self.shed_to_owner)
-        self._decision({"event": "shedding", **plan.as_dict()})
+                             select, skip_current_owner=not self.shed_to_owner)
+        self._event("shedding", plan=plan.as_dict())
         done = []
         for u in plan.unloads:
             try:
+                self._event("unload", bundle=u.bundle, source=u.src, destination=u.dst,
+                            reason=f"shed:{plan.strategy}")
                 await self.unload_with_destination(u.bundle, u.src, u.dst)
-                self.recently_unloaded[u.bundle] = _now_ms()
                 self.counters["unload_bundle"] += 1
                 done.append({"bundle": u.bundle, "src": u.src, "dst": u.dst})
             except Exception as e:  # noqa: BLE001
+                self.recently_unloaded.pop(u.bundle, None)
                 log.warning("shedding %s from %s: %s", u.bundle, u.src, e)
-        if done:
-            self.counters["unload_broker"] += len({d["src"] for d in done})
+        self.counters["unload_broker"] += len({d["src"] for d in done})
         return done
 
     async def unload_with_destination(self, bundle: str, src: str, dst: str | None) -> None:
@@ -438,7 +432,7 @@ class ModularLoadManager:
             raise RuntimeError(f"broker {src} is not live")
         from clusters.httpd import http_request
         url = f"{reg.get('webServiceUrl') or reg.get('web_url')}/admin/v2/namespaces/{bundle}/unload"
-        status, body = await http_request("PUT", url, b"", timeout=10.0)
+        status, body = await http_request("PUT", url, 10.0, body=b"")
         if status >= 300:
             raise RuntimeError(f"{url} answered {status}: {body[:200]!r}")
 
@@ -455,13 +449,14 @@ class ModularLoadManager:
             for name in reg.get("bundles") or []:
                 counts[name.rsplit("/", 1)[0]] = counts.get(name.rsplit("/", 1)[0], 0) + 1
         out = []
+        owners = {b: broker for broker, reg in self.brokers.items() for b in reg.get("bundles") or []}
         for bundle, reason in bundles_to_split(self.load_data, self.settings, counts):
-            owner = self.load_data.owner_of(bundle)
+            owner = owners.get(bundle)
+            self._event("split-decision", bundle=bundle, source=owner, reason=reason)
             try:
                 await self._split_on_owner(bundle, owner)
                 self.counters["split"] += 1
                 out.append({"bundle": bundle, "owner": owner, "reason": reason})
-                self._decision({"event": "split", "bundle": bundle, "owner": owner, "reason": reason})
             except Exception as e:  # noqa: BLE001
                 log.warning("splitting %s on %s: %s", bundle, owner, e)
         return out
@@ -479,7 +474,7 @@ class ModularLoadManager:
         from clusters.httpd import http_request
         url = (f"{reg.get('webServiceUrl')}/admin/v2/namespaces/{bundle}/split"
                f"?unload={'true' if unload else 'false'}&splitAlgorithmName={algo}")
-        status, body = await http_request("PUT", url, b"", timeout=10.0)
+        status, body = await http_request("PUT", url, 10.0, body=b"")
         if status >= 300:
             raise RuntimeError(f"{url} answered {status}: {body[:200]!r}")
 
@@ -494,27 +489,40 @@ class ModularLoadManager:
                               f"{', '.join(self.settings.supportedNamespaceBundleSplitAlgorithms)}")
         topics = [t for t in await svc.topics_of_namespace(bundle.namespace)
                   if bundle.contains(splitting.topic_hash(t))]
-        rates = {t: svc.rate("in", t) for t in topics}
-        cuts = splitting.split_positions(algo, bundle.lower, bundle.upper, topics=topics, rates=rates,
-                                         positions=positions, settings=self.settings)
+        loads = {}
+        for t in topics:
+            rin, bin_ = svc.rate("in", t)
+            rout, bout = svc.rate("out", t)
+            loads[t] = splitting.TopicLoad(msgRateIn=rin, msgRateOut=rout, msgThroughputIn=bin_,
+                                           msgThroughputOut=bout) if t in svc.topics else None
+        try:
+            cuts = splitting.split_boundaries(algo, bundle.lower, bundle.upper, self.settings, topics=topics,
+                                              topic_loads=loads, positions=positions)
+        except ValueError as e:
+            raise BundleError(str(e)) from None
         if not cuts:
             raise BundleError(f"{algo} finds no split position in {bundle} ({len(topics)} topics)")
-        children = await svc.ownership.split(bundle, cuts, cas=not svc.bug("broker.split_without_cas"))
-        self._decision({"event": "split-done", "bundle": str(bundle), "algorithm": algo,
-                        "children": [c.range_name for c in children]})
+        children = await svc.ownership.split(bundle, list(cuts), cas=not svc.bug("broker.split_without_cas"))
+        self._event("split", bundle=str(bundle), children=[c.range_name for c in children], algorithm=algo,
+                    unload=unload, source=self.broker_id)
         if unload:
             for c in children:
+                self._event("unload", bundle=str(c), source=self.broker_id, destination=None, reason="split")
                 await svc.unload_bundle(c)
         return children
 
     # -- the decision log ------------------------------------------------------------------------------
-    def _decision(self, doc: dict[str, Any]) -> None:
-        doc = {"ts": round(time.time(), 3), "broker": self.broker_id, **doc}
+    def _event(self, event: str, **fields: Any) -> None:
+        """One decision, as an `LB_EVENT {json}` line of the broker's log (harness/lb_events.py reads
+        them), kept in `decisions` too. `mono_ns` is CLOCK_MONOTONIC, shared by every process of one
+        machine and left alone by libfaketime."""
+        doc = {"event": event, "mono_ns": time.monotonic_ns(), "wall_ms": _now_ms(), "broker": self.broker_id,
+               "leader": (self._leader or {}).get("brokerId"), **fields}
         self.decisions.append(doc)
         try:
-            decisions_log.info("%s", json.dumps(doc, sort_keys=True, default=str))
+            decisions_log.info("LB_EVENT %s", json.dumps(doc, sort_keys=True, default=str))
         except (TypeError, ValueError):
-            decisions_log.info("%s", doc)
+            decisions_log.info("LB_EVENT %s", json.dumps({k: str(v) for k, v in doc.items()}))
 
 
 def namespace_of(bundle: str) -> str:

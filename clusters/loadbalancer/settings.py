@@ -40,6 +40,9 @@ class LoadBalancerSettings:
     # ... or when its last write is older than this
     loadBalancerReportUpdateMaxIntervalMinutes: float = 15
     loadBalancerHostUsageCheckIntervalMinutes: float = 1
+    # how often a broker samples its load and considers rewriting its report
+    # (LoadManagerShared.LOAD_REPORT_UPDATE_MINIMUM_INTERVAL; a setting in newer Pulsar)
+    loadBalancerReportUpdateMinIntervalMillis: int = 5000
     # the leader's bundle-data / broker-time-average write period
     loadBalancerResourceQuotaUpdateIntervalMinutes: float = 15
     # top-k bundles per broker written to /loadbalance/bundle-data (<= 0: all)

@@ -18,13 +18,17 @@ def free_port(host: str) -> int:
 
 
 async def make_broker(zk: str, i: int) -> tuple[BrokerService, AdminHttpServer]:
-    """Ownership and the admin API of a broker (no BookKeeper: lookups need only ZooKeeper)."""
+    """Ownership, the load manager (the broker's registration) and the admin API of a broker (no
+    BookKeeper: lookups need only ZooKeeper)."""
     host = f"127.0.0.{i + 2}"
     cfg = BrokerConfig(name=f"broker-{i + 1}", host=host, port=free_port(host), http_port=free_port(host),
-                       zk=zk, data_dir="/tmp")
+                       zk=zk, data_dir="/tmp",
+                       # load reports every 0.1 s (Pulsar: 5 s), so placement sees each new bundle
+                       load_balancer={"loadBalancerReportUpdateMinIntervalMillis": 100})
     svc = BrokerService(cfg)
     await svc.store.start()
     await svc.ownership.start()
+    await svc.load_manager.start()
     return svc, await AdminHttpServer(svc).start()
 
 
@@ -72,8 +76,10 @@ def test_lookup_health_and_redirects(zk):
             st, ans_b = await get(f"{base_b}/lookup/v2/topic/persistent/public/default/http-one")
             assert st == 200 and ans_b["brokerUrl"] == a.config.service_url and ans_b["httpUrl"] == base_a
 
-            # An unowned bundle asked of A goes to the least-loaded broker (B): the redirect is
-            # followed over HTTP, B takes the bundle, and the answer names B.
+            # An unowned bundle asked of A goes to the broker with the fewest bundles of the namespace
+            # (B, once A's load report shows t1's bundle): the redirect is followed over HTTP, B
+            # takes the bundle, and the answer names B.
+            await asyncio.sleep(0.6)
             t2 = topic_in_other_bundle(a, t1)
             local = t2.rsplit("/", 1)[1]
             st, ans = await get(f"{base_a}/lookup/v2/topic/persistent/public/default/{local}")
@@ -86,7 +92,8 @@ def test_lookup_health_and_redirects(zk):
                 (200, {"partitions": 0})
 
             # The redirect target is down: 503 with a reason, not a hang or a crash. (A takes a third
-            # bundle first, so that B is the least loaded for the fourth.)
+            # bundle first, so that B has the fewest bundles of the namespace for the fourth: the
+            # placement's loadBalancerDistributeBundlesEvenlyEnabled.)
             await hb.close()
 
             def fresh(prefix: str) -> str:
@@ -95,6 +102,7 @@ def test_lookup_health_and_redirects(zk):
                             if a.ownership.bundle(f"persistent://public/default/{prefix}{i}") not in taken)
             t3 = fresh("x")
             assert (await get(f"{base_a}/lookup/v2/topic/persistent/public/default/{t3}?authoritative=true"))[0] == 200
+            await asyncio.sleep(0.6)              # A's report shows its second bundle
             t4 = fresh("y")
             st, ans = await get(f"{base_a}/lookup/v2/topic/persistent/public/default/{t4}")
             assert st == 503 and "did not answer" in ans["reason"], ans
@@ -103,6 +111,7 @@ def test_lookup_health_and_redirects(zk):
             await ha.close()
             await hb.close()
             for s in (a, b):
+                await s.load_manager.stop()
                 await s.store.close()
     asyncio.run(scenario())
 
@@ -133,6 +142,7 @@ def test_internal_stats_from_zookeeper(zk):
             assert ans["source"] == "zookeeper"
         finally:
             await ha.close()
+            await a.load_manager.stop()
             await a.store.close()
     asyncio.run(scenario())
 
@@ -165,6 +175,7 @@ def test_malformed_requests_get_4xx_and_the_server_survives(zk):
             assert await get(f"{a.config.web_url}/admin/v2/brokers/health") == (200, "ok")
         finally:
             await ha.close()
+            await a.load_manager.stop()
             await a.store.close()
     asyncio.run(scenario())
 
