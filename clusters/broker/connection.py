@@ -253,12 +253,12 @@ class ServerCnx(asyncio.Protocol):
         self._write(frames.encode_command(cmd))
 
     def send_message(self, consumer_id: int, ledger_id: int, entry_id: int, redelivery_count: int,
-                     entry: bytes, ack_set: list[int] | None = None) -> None:
+                     entry: bytes, ack_set: list[int] | None = None, partition: int = -1) -> None:
         if self.state == "closed":
             return
         out = self._out
         out.append(frames.message_frame_header(consumer_id, ledger_id, entry_id, redelivery_count,
-                                               len(entry), ack_set or ()))
+                                               len(entry), ack_set or (), partition))
         out.append(entry)
         if self._flush_handle is None:
             self._flush_handle = self.loop.call_soon(self._flush)

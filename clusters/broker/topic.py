@@ -21,7 +21,7 @@ from clusters.broker.dedup import DUP as DEDUP_DUP, ENABLED as DEDUP_ENABLED, NO
 from clusters.broker.managed_ledger import EntryCache, ManagedLedgerError, ManagedLedgerFenced, Position
 from clusters.broker.murmur3 import sticky_key_hash
 from clusters.broker.selectors import (AutoSplitSelector, ConsumerAssignError, StickySelector,
-                                       pick_active)
+                                       partition_index, pick_active)
 from clusters.protocol import frames
 from clusters.protocol import PulsarApi_pb2 as pb
 
@@ -209,7 +209,7 @@ class _PendingAdd:
 class Consumer:
     __slots__ = ("sub", "cnx", "consumer_id", "name", "priority", "permits", "pending", "join_seq",
                  "closed", "key_ranges", "msgs_out", "bytes_out", "redelivered", "connected_since",
-                 "sub_type", "key_hashes")
+                 "sub_type", "key_hashes", "partition")
 
     _seq = itertools.count()
 
@@ -232,6 +232,9 @@ class Consumer:
         self.connected_since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         # Key_Shared: how many of `pending` have each key hash (the hashes this consumer still drains)
         self.key_hashes: collections.Counter[int] | None = None
+        # the topic's partition index, -1 when not a `-partition-N` topic (Pulsar's Consumer.partitionIdx):
+        # every MESSAGE's MessageIdData carries it, so the client's message ids name their partition
+        self.partition = partition_index(sub.topic.name)
 
     @property
     def available(self) -> bool:
@@ -247,7 +250,7 @@ class Consumer:
         self.msgs_out += n
         self.bytes_out += len(entry)
         self.cnx.send_message(self.consumer_id, pos.ledger_id, pos.entry_id, redelivery_count, entry,
-                              ack_set=ack_set)
+                              ack_set=ack_set, partition=self.partition)
 
     def __repr__(self) -> str:
         return f"Consumer({self.name!r}, id={self.consumer_id}, sub={self.sub.name})"

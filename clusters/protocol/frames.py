@@ -149,10 +149,15 @@ def _message_id_bytes(ledger_id: int, entry_id: int) -> bytes:
 
 
 def message_frame_header(consumer_id: int, ledger_id: int, entry_id: int, redelivery_count: int,
-                         entry_len: int, ack_set: Sequence[int] = ()) -> bytes:
+                         entry_len: int, ack_set: Sequence[int] = (), partition: int = -1) -> bytes:
     """Everything of a MESSAGE frame that precedes the stored entry bytes. `ack_set`: the batch's
-    still-unacknowledged indexes (CommandMessage.ack_set, int64 words) on a redelivery."""
+    still-unacknowledged indexes (CommandMessage.ack_set, int64 words) on a redelivery. `partition`:
+    the topic's partition index (MessageIdData.partition, which the client reports as the message
+    id's partition); -1, a non-partitioned topic, is left out: the client reads the field's default,
+    -1, just as when Pulsar's broker writes it."""
     mid = _message_id_bytes(ledger_id, entry_id)
+    if partition >= 0:
+        mid += b"\x18" + _varint(partition)
     body = b"\x08" + _varint(consumer_id) + b"\x12" + _VARINT_SMALL[len(mid)] + mid
     if redelivery_count:
         body += b"\x18" + _varint(redelivery_count)
@@ -164,9 +169,9 @@ def message_frame_header(consumer_id: int, ledger_id: int, entry_id: int, redeli
 
 
 def encode_message(consumer_id: int, ledger_id: int, entry_id: int, redelivery_count: int,
-                   entry: bytes, ack_set: Sequence[int] = ()) -> bytes:
+                   entry: bytes, ack_set: Sequence[int] = (), partition: int = -1) -> bytes:
     return message_frame_header(consumer_id, ledger_id, entry_id, redelivery_count, len(entry),
-                                ack_set) + entry
+                                ack_set, partition) + entry
 
 
 def encode_send_receipt(producer_id: int, sequence_id: int, ledger_id: int, entry_id: int,

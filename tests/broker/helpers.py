@@ -23,7 +23,8 @@ class FakeCnx:
         self.active = True
         self.pending = 0
 
-    def send_message(self, consumer_id, ledger_id, entry_id, redelivery_count, entry, ack_set=None):
+    def send_message(self, consumer_id, ledger_id, entry_id, redelivery_count, entry, ack_set=None,
+                     partition=-1):
         self.messages.append((consumer_id, Position(ledger_id, entry_id), redelivery_count))
         if ack_set:
             self.ack_sets[(consumer_id, Position(ledger_id, entry_id))] = list(ack_set)

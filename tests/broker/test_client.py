@@ -327,6 +327,40 @@ def test_get_last_message_id(client, topic):
     assert (last.entry_id(), last.batch_index()) == (ids[-1].entry_id(), ids[-1].batch_index())
 
 
+def test_message_ids_of_a_partition_name_it(client, topic):
+    """A `-partition-N` topic's MESSAGEs carry partition N in their MessageIdData (Pulsar's
+    Consumer.partitionIdx), as its GET_LAST_MESSAGE_ID answer does: the client compares the two with
+    an == that includes the partition, so a reader whose ids lacked it saw has_message_available()
+    stay true after reading everything. A non-partitioned topic's ids keep -1."""
+    part = topic + "-partition-2"
+    producer = client.create_producer(part)
+    ids = [producer.send(f"v-{i}".encode()) for i in range(5)]
+    # the producer of a topic the client does not know as partitioned: -1 (the client sets it)
+    assert [i.partition() for i in ids] == [-1] * 5
+    consumer = client.subscribe(part, "sub", initial_position=EARLIEST)
+    got = receive_n(consumer, 5)
+    assert [m.message_id().partition() for m in got] == [2] * 5
+    assert [(m.message_id().ledger_id(), m.message_id().entry_id()) for m in got] == \
+        [(i.ledger_id(), i.entry_id()) for i in ids]
+    assert pulsar.MessageId.deserialize(got[0].message_id().serialize()).partition() == 2
+    assert consumer.get_last_message_id() == got[-1].message_id()
+    consumer.acknowledge(got[0])
+    consumer.seek(got[1].message_id())          # delivery resumes after the seek id
+    assert [m.data() for m in receive_n(consumer, 3)] == [b"v-2", b"v-3", b"v-4"]
+    reader = client.create_reader(part, pulsar.MessageId.earliest)
+    read = [reader.read_next(5000) for _ in range(5)]
+    assert [m.message_id().partition() for m in read] == [2] * 5
+    assert not reader.has_message_available()
+    reader.seek(read[2].message_id())
+    assert reader.read_next(5000).message_id() == read[3].message_id()
+
+    plain = client.subscribe(topic, "sub", initial_position=EARLIEST)
+    mid = client.create_producer(topic).send(b"x")
+    m = plain.receive(5000)
+    assert (mid.partition(), m.message_id().partition()) == (-1, -1)
+    assert plain.get_last_message_id() == m.message_id()
+
+
 def test_unsubscribe_deletes_the_subscription(client, topic, broker):
     producer = client.create_producer(topic, block_if_queue_full=True)
     send_all(producer, [b"1", b"2"])

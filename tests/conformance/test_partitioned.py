@@ -53,6 +53,75 @@ def test_partitioned_metadata_and_round_robin_over_every_partition(client, admin
     assert client.get_topic_partitions(topic) == [f"{topic}-partition-{i}" for i in range(4)]
 
 
+def test_message_ids_carry_their_partition(client, admin, namespace, topic):
+    """A message of partition N has `message_id().partition() == N`: Pulsar's broker puts the
+    partition index in the MessageIdData of every MESSAGE it sends (Consumer.java's partitionIdx, from
+    the `-partition-N` topic name, in Commands.newMessageCommand) and the C++ client takes the id from
+    there; send receipts carry no partition (Commands.newSendReceiptCommand), the client's producer of
+    partition N sets it (ProducerImpl::ackReceived). Acknowledgements and redeliveries still work on
+    those ids, and `serialize()` keeps the partition. A non-partitioned topic's ids keep -1."""
+    part = f"persistent://{namespace}/ids"
+    _partitioned(admin, part, 3)
+    consumer = client.subscribe(part, "s", consumer_type=pulsar.ConsumerType.Shared,
+                                initial_position=pulsar.InitialPosition.Earliest,
+                                negative_ack_redelivery_delay_ms=100)
+    producer = client.create_producer(part, batching_enabled=False)
+    sent = {f"v{i}": producer.send(f"v{i}".encode()).partition() for i in range(30)}
+    assert Counter(sent.values()) == {0: 10, 1: 10, 2: 10}
+
+    def partition_of(m) -> int:
+        name = m.topic_name()
+        assert name.startswith(f"{part}-partition-"), name
+        return int(name.rsplit("-partition-", 1)[1])
+
+    got = [consumer.receive(10000) for _ in range(30)]
+    assert sorted(m.data().decode() for m in got) == sorted(sent)
+    first_id = {}
+    for m in got:
+        p = partition_of(m)
+        mid = m.message_id()
+        assert (mid.partition(), sent[m.data().decode()]) == (p, p), (str(mid), m.topic_name())
+        assert pulsar.MessageId.deserialize(mid.serialize()).partition() == p
+        first_id[m.data().decode()] = str(mid)
+    # ack half, negatively ack the other half: exactly that half comes back, on the same ids
+    nacked = set()
+    for i, m in enumerate(got):
+        if i % 2:
+            consumer.negative_acknowledge(m)
+            nacked.add(m.data().decode())
+        else:
+            consumer.acknowledge(m)
+    again = [consumer.receive(10000) for _ in range(len(nacked))]
+    assert sorted(m.data().decode() for m in again) == sorted(nacked)
+    for m in again:
+        assert m.redelivery_count() >= 1
+        assert m.message_id().partition() == partition_of(m) == sent[m.data().decode()]
+        assert str(m.message_id()) == first_id[m.data().decode()]
+        consumer.acknowledge(m)
+    try:
+        extra = consumer.receive(1000)
+        raise AssertionError(f"unexpected {extra.data()!r} {extra.message_id()} after every ack")
+    except pulsar.Timeout:
+        pass
+    consumer.close()
+    # the acknowledgements reached the brokers: nothing is left for the subscription
+    consumer = client.subscribe(part, "s", consumer_type=pulsar.ConsumerType.Shared)
+    try:
+        extra = consumer.receive(1000)
+        raise AssertionError(f"acknowledged {extra.data()!r} {extra.message_id()} came back")
+    except pulsar.Timeout:
+        pass
+    consumer.close()
+
+    # a non-partitioned topic: -1 in receipts, deliveries and serialized ids
+    plain = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+    ids = [client.create_producer(topic).send(b"x").partition()]
+    m = plain.receive(10000)
+    ids += [m.message_id().partition(), pulsar.MessageId.deserialize(m.message_id().serialize()).partition()]
+    assert ids == [-1, -1, -1]
+    plain.acknowledge(m)
+
+
 def test_key_routing_sends_each_key_to_one_partition_in_order(client, admin, namespace):
     """https://pulsar.apache.org/docs/concepts-messaging/#routing-modes: a message with a key goes to
     the partition of the key's hash, so all messages of a key land in one partition, in order."""

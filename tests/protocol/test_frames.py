@@ -95,17 +95,23 @@ def test_message_frame_is_the_entry_verbatim():
     assert (m.consumer_id, m.message_id.ledgerId, m.message_id.entryId, m.redelivery_count) == (9, 12, 34, 2)
 
 
-@pytest.mark.parametrize("consumer_id,ledger,entry,redelivery", [
-    (0, 0, 0, 0), (1, 2, 3, 1), (2**40, 2**33, 2**20 + 5, 300), (5, -1, -1, 0)])
-def test_hand_encoded_message_matches_protobuf(consumer_id, ledger, entry, redelivery):
+@pytest.mark.parametrize("consumer_id,ledger,entry,redelivery,partition", [
+    (0, 0, 0, 0, -1), (1, 2, 3, 1, -1), (2**40, 2**33, 2**20 + 5, 300, -1), (5, -1, -1, 0, -1),
+    (0, 0, 0, 0, 0), (1, 2, 3, 1, 2), (2**40, 2**33, 2**20 + 5, 300, 2**31 - 1)])
+def test_hand_encoded_message_matches_protobuf(consumer_id, ledger, entry, redelivery, partition):
     c = pb.BaseCommand(type=pb.BaseCommand.MESSAGE)
     c.message.consumer_id = consumer_id
     c.message.message_id.ledgerId = f.to_unsigned64(ledger)
     c.message.message_id.entryId = f.to_unsigned64(entry)
+    if partition >= 0:                   # -1 (non-partitioned) is the field's default: left out
+        c.message.message_id.partition = partition
     if redelivery:
         c.message.redelivery_count = redelivery
     body = b"\x0e\x01tail"
-    assert f.encode_message(consumer_id, ledger, entry, redelivery, body) == f.encode_payload_command(c, body)
+    raw = f.encode_message(consumer_id, ledger, entry, redelivery, body, partition=partition)
+    assert raw == f.encode_payload_command(c, body)
+    [(cmd, _)] = list(f.FrameDecoder().feed(raw))
+    assert cmd.message.message_id.partition == partition
 
 
 @pytest.mark.parametrize("pid,seq,ledger,entry,highest", [
