@@ -13,6 +13,7 @@ from typing import Any
 
 from core.registry import Registry
 from nemesis.base import FaultNameError, Nemesis
+from nemesis.balance import ScaleNemesis, SplitNemesis, UnloadNemesis
 from nemesis.clock import ClockNemesis
 from nemesis.lifecycle import DiskWipeNemesis, KillRoleNemesis, RollingRestartNemesis
 from nemesis.links import FlakyNemesis, SlowNemesis
@@ -103,6 +104,12 @@ REGISTRY: Registry[Fault] = Registry("nemesis", {
                    "to every server, or on 1..3 random server pairs", "TARGET", colour="#A8DCDC"),
     "slow": Fault(lambda p: SlowNemesis(p), "hold every packet 50..500 ms each way on one node's (or TARGET's) "
                   "links to every server, or on 1..3 server pairs (NFQUEUE)", "TARGET", colour="#BFE3C8"),
+    "scale": Fault(lambda p: ScaleNemesis(p), "a random broker leaves (MODE stop: gracefully, the default; kill) "
+                   "and joins again at the stop, with no bundles", "MODE", colour="#9FC5E8"),
+    "unload": Fault(lambda p: UnloadNemesis(p), "the bundle of a random topic unloaded through the admin API "
+                    "(MODE dest: towards a random broker, destinationBroker)", "MODE", colour="#F6D8AE"),
+    "split": Fault(lambda p: SplitNemesis(p), "the bundle of a random topic split on its owner (ALGORITHM: "
+                   "range_equally_divide by default) and its children unloaded", "ALGORITHM", colour="#D5A6BD"),
 })
 
 

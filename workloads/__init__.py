@@ -42,6 +42,7 @@ REGISTRY: Registry[WorkloadEntry] = Registry("workload", {
     "exactly-once": WorkloadEntry("workloads.exactly_once"),
     "ledger": WorkloadEntry("workloads.ledger"),
     "register": WorkloadEntry("workloads.register"),
+    "balance": WorkloadEntry("workloads.balance"),
 })
 
 

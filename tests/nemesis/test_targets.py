@@ -343,21 +343,36 @@ def test_zk_leader_on_a_three_node_ensemble(cluster):
 
 @pytest.mark.integration
 def test_lb_leader_on_a_cluster(cluster):
-    """Our brokers elect no load-balancer leader: the selector says so. A LeaderBroker znode as
-    Pulsar writes it (ephemeral, JSON with the leader's web service URL) is resolved to its broker."""
+    """The brokers elect a load-balancer leader (the modular load manager's /loadbalance/leader,
+    Pulsar's LeaderBroker JSON); the selector resolves to the broker the znode names, and follows a
+    change of leader."""
     ctx = ctx_of(cluster)
-    with pytest.raises(NemesisError, match="no broker holds the load-balancer leadership"):
-        targets.resolve(ctx, "lb-leader")
-    b2 = cluster.node("broker-2")
     zk = _kazoo(cluster)
     try:
-        zk.create("/loadbalance/leader", json.dumps({"serviceUrl": f"http://{b2.host}:{b2.ports['http']}"}).encode(),
-                  ephemeral=True, makepath=True)
+        deadline = time.monotonic() + 20
+        while zk.exists("/loadbalance/leader") is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        doc = json.loads(zk.get("/loadbalance/leader")[0])
         r = targets.resolve(ctx, "lb-leader")
-        assert r["nodes"] == ["broker-2"]
-        assert r["leader"] == json.loads(zk.get("/loadbalance/leader")[0])
+        (leader,) = r["nodes"]
+        node = cluster.node(leader)
+        assert doc["brokerId"] == f"{node.host}:{node.ports['http']}" and r["leader"] == doc
+        cluster.kill(leader)
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    now = targets.resolve(ctx, "lb-leader")["nodes"]
+                except NemesisError:
+                    now = []
+                if now and now != [leader]:
+                    break
+                time.sleep(0.3)
+            assert now and now != [leader]
+        finally:
+            cluster.start(leader)
     finally:
-        zk.stop()          # the ephemeral znode goes with the session
+        zk.stop()
         zk.close()
 
 

@@ -1,0 +1,182 @@
+"""Faults that move load: brokers leaving and joining (scale-in and scale-out), and admin-driven bundle
+unloads and splits, through Pulsar's admin API on any live broker.
+
+- `scale` (`scale:kill`): a running broker leaves, gracefully (stop: it unloads its bundles and
+  unregisters) or killed; the stop brings it back, a broker joining the cluster with no bundles.
+- `unload` (`unload:dest`): the bundle of a random workload topic unloaded; with `dest`, towards a
+  random other live broker (`destinationBroker`, the leader's bundle affinity).
+- `split` (`split:ALGORITHM`): the bundle of a random workload topic split on its owner with Pulsar's
+  split algorithm (range_equally_divide by default), its children unloaded.
+
+Unloads and splits are instants: `stop` has nothing to undo.
+"""
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+from urllib.parse import quote
+
+from nemesis.base import _OPENER, Nemesis, NemesisContext, NemesisError
+
+ADMIN_TIMEOUT = 15.0
+SPLIT_ALGORITHMS = ("range_equally_divide", "topic_count_equally_divide", "flow_or_qps_equally_divide")
+MIN_BROKERS_LEFT = 1
+
+
+def _admin_urls(ctx: NemesisContext) -> list[str]:
+    """The admin URLs of the running brokers, in name order."""
+    return [f"http://{n.host}:{n.ports.get('http', 8080)}" for n in sorted(ctx.cluster.nodes("broker"),
+                                                                          key=lambda n: n.name)
+            if n.alive and not n.paused]
+
+
+def admin_call(ctx: NemesisContext, method: str, path: str) -> tuple[int, Any, str]:
+    """The first running broker that answers: (status, JSON or text, its admin URL)."""
+    errors = []
+    for url in _admin_urls(ctx):
+        req = urllib.request.Request(url + path, method=method, data=b"" if method == "PUT" else None)
+        try:
+            with _OPENER.open(req, timeout=ADMIN_TIMEOUT) as r:
+                status, body = r.status, r.read(1 << 20)
+        except urllib.error.HTTPError as e:
+            status, body = e.code, e.read(1 << 16)
+        except Exception as e:  # noqa: BLE001 - the next broker may answer
+            errors.append(f"{url}: {type(e).__name__}: {e}")
+            continue
+        try:
+            data: Any = json.loads(body) if body else None
+        except ValueError:
+            data = body.decode(errors="replace")
+        return status, data, url
+    raise NemesisError("no running broker answered the admin API: " + ("; ".join(errors) or "no brokers running"))
+
+
+def _reason(data: Any) -> str:
+    return str(data.get("reason")) if isinstance(data, dict) and data.get("reason") else str(data)[:200]
+
+
+def topic_bundle(ctx: NemesisContext, topic: str) -> str:
+    """`tenant/ns/0x..._0x...`: the topic's bundle as the brokers say now."""
+    domain, rest = topic.split("://", 1)
+    status, data, _ = admin_call(ctx, "GET", f"/lookup/v2/topic/{domain}/{'/'.join(quote(p, safe='') for p in rest.split('/'))}/bundle")
+    if status != 200 or not isinstance(data, str):
+        raise NemesisError(f"the bundle of {topic}: HTTP {status}: {_reason(data)}")
+    tenant, ns = rest.split("/")[:2]
+    return f"{tenant}/{ns}/{data.strip()}"
+
+
+class ScaleNemesis(Nemesis):
+    name = "scale"
+
+    def __init__(self, mode: str | None = None):
+        super().__init__()
+        if mode not in (None, "stop", "kill"):
+            raise ValueError(f"scale:{mode}: a broker leaves by stop (graceful, the default) or kill")
+        self.mode = mode or "stop"
+
+    def choose(self, ctx: NemesisContext) -> dict[str, Any]:
+        pool = ctx.names("broker")
+        if not pool:
+            raise NemesisError("scale: the cluster has no brokers")
+        return {"node": ctx.rng.choice(pool)}
+
+    def start(self, ctx: NemesisContext, plan: dict[str, Any] | None = None) -> dict[str, Any]:
+        self._check_idle()
+        plan = plan if plan is not None else self.choose(ctx)
+        node = ctx.cluster.node(plan["node"])
+        running = [n for n in ctx.cluster.nodes("broker") if n.alive]
+        if not node.alive:
+            raise NemesisError(f"scale: {node.name} is not running")
+        if len(running) <= MIN_BROKERS_LEFT:
+            raise NemesisError(f"scale: {node.name} is the last running broker")
+        value = {"node": node.name, "mode": self.mode, "pid": node.pid, "brokers_left": len(running) - 1}
+        self.applied = value
+        if self.mode == "kill":
+            ctx.cluster.kill(node.name)
+        else:
+            ctx.cluster.stop(node.name)
+        return value
+
+    def stop(self, ctx: NemesisContext) -> dict[str, Any]:
+        if self.applied is None:
+            return {}
+        name = self.applied["node"]
+        node = ctx.cluster.node(name)
+        joined = False
+        if not node.alive:
+            node = ctx.cluster.start(name)
+            joined = True
+        self.applied = None
+        return {"node": name, "pid": node.pid, "joined": joined}
+
+    def describe(self) -> str:
+        return f"scale: {self.applied['node']} left ({self.applied['mode']})" if self.applied else self.name
+
+
+class _BundleNemesis(Nemesis):
+    """An instant admin action on the bundle of a random workload topic."""
+
+    def choose(self, ctx: NemesisContext) -> dict[str, Any]:
+        if not ctx.topics:
+            raise NemesisError(f"{self.name}: the workload has no topics to pick a bundle from")
+        return {"topic": ctx.rng.choice(sorted(ctx.topics)), "u": ctx.rng.random()}
+
+    def stop(self, ctx: NemesisContext) -> dict[str, Any]:
+        self.applied = None
+        return {}
+
+
+class UnloadNemesis(_BundleNemesis):
+    name = "unload"
+
+    def __init__(self, mode: str | None = None):
+        super().__init__()
+        if mode not in (None, "dest"):
+            raise ValueError(f"unload:{mode}: write unload, or unload:dest for a random destination broker")
+        self.dest = mode == "dest"
+
+    def start(self, ctx: NemesisContext, plan: dict[str, Any] | None = None) -> dict[str, Any]:
+        self._check_idle()
+        plan = plan if plan is not None else self.choose(ctx)
+        bundle = topic_bundle(ctx, plan["topic"])
+        query = ""
+        value: dict[str, Any] = {"topic": plan["topic"], "bundle": bundle}
+        if self.dest:
+            status, brokers, _ = admin_call(ctx, "GET", "/admin/v2/brokers/standalone")
+            if status != 200 or not isinstance(brokers, list) or not brokers:
+                raise NemesisError(f"unload: the broker list: HTTP {status}: {_reason(brokers)}")
+            dest = sorted(brokers)[int(plan["u"] * len(brokers)) % len(brokers)]
+            query = f"?destinationBroker={quote(dest)}"
+            value["destination"] = dest
+        self.applied = value
+        status, data, via = admin_call(ctx, "PUT", f"/admin/v2/namespaces/{bundle}/unload{query}")
+        if status >= 300:
+            raise NemesisError(f"unload {bundle}: HTTP {status}: {_reason(data)}")
+        value["via"] = via
+        return value
+
+
+class SplitNemesis(_BundleNemesis):
+    name = "split"
+
+    def __init__(self, algorithm: str | None = None):
+        super().__init__()
+        if algorithm is not None and algorithm not in SPLIT_ALGORITHMS:
+            raise ValueError(f"split:{algorithm}: use one of {', '.join(SPLIT_ALGORITHMS)}")
+        self.algorithm = algorithm or "range_equally_divide"
+
+    def start(self, ctx: NemesisContext, plan: dict[str, Any] | None = None) -> dict[str, Any]:
+        self._check_idle()
+        plan = plan if plan is not None else self.choose(ctx)
+        bundle = topic_bundle(ctx, plan["topic"])
+        value: dict[str, Any] = {"topic": plan["topic"], "bundle": bundle, "algorithm": self.algorithm}
+        self.applied = value
+        status, data, via = admin_call(ctx, "PUT", f"/admin/v2/namespaces/{bundle}/split"
+                                                   f"?unload=true&splitAlgorithmName={self.algorithm}")
+        if status >= 300:
+            raise NemesisError(f"split {bundle}: HTTP {status}: {_reason(data)}")
+        value["children"] = data.get("children") if isinstance(data, dict) else None
+        value["via"] = via
+        return value

@@ -1,0 +1,99 @@
+"""The balance workload: the log workload over many topics with skewed rates, for the load balancer.
+
+Hundreds of topics spread over the namespace's bundles; senders pick topics by a Zipf law (a few hot
+topics, a long tail), consumers read every topic, final reads replay them all, so the log checker
+judges loss and order while bundles move. Every op records the broker that served it (`node`), and
+the `ownership` checker judges the bundles' owners from the ZooKeeper recorder's journal. An optional
+hot-spot phase sends most of the traffic to a few topics, so that their bundles split.
+"""
+from __future__ import annotations
+
+import bisect
+import itertools
+import random
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from core.history import Journal
+from core.spec import TestSpec
+from workloads import base, log
+from workloads.base import Context, Planned
+from workloads.pulsar_client import Session, final_reads, receive, send, session_for
+
+DESCRIPTION = ("many topics with Zipf-skewed rates (an optional hot-spot phase), a producer and consumer per "
+               "topic, final reads; judged by the log and ownership checkers while load moves")
+OPTIONS: dict[str, tuple[Any, str]] = {
+    "skew": (1.0, "Zipf exponent of the topics' send rates (0: uniform)"),
+    "hot_topics": (0, "topics that get hot_share of the sends during the hot-spot phase (0: no phase)"),
+    "hot_share": (0.8, "share of the sends that go to the hot topics during the hot-spot phase"),
+    "hot_from": (0.2, "start of the hot-spot phase, as a fraction of the time limit"),
+    "hot_until": (0.7, "end of the hot-spot phase, as a fraction of the time limit"),
+}
+CHECKER_NAMES = ("log", "ownership", "perf")
+
+keys = log.keys
+worker_count = log.worker_count
+threads = log.threads
+
+
+def checkers(spec: TestSpec | None = None, extra: dict[str, dict[str, Any]] | None = None
+             ) -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
+    from checkers import select
+    extra = extra or {}
+    return select({n: extra.get(n, {}) for n in CHECKER_NAMES})
+
+
+def _cumulative(weights: list[float]) -> list[float]:
+    return list(itertools.accumulate(weights))
+
+
+def generator(spec: TestSpec, thread: log.Thread, topics: list[Any]) -> Iterator[Planned]:
+    """A sender's ops pick topics by Zipf weights (hot-spot phase: hot_share of them among the first
+    hot_topics); a receiver's pick uniformly among its topics. A pure function of (seed, thread);
+    the phase follows the planned time (the sum of the delays)."""
+    opts = {k: spec.options.get(k, d) for k, (d, _) in OPTIONS.items()}
+    rng = random.Random(f"{spec.seed}:balance:{thread.index}")
+    delays = base.paced(rng, spec.rate / spec.concurrency)
+    keys_ = [topics[t] for t in thread.topics]
+    zipf = _cumulative([1.0 / (i + 1) ** float(opts["skew"]) for i in range(len(keys_))])
+    hot = max(0, min(int(opts["hot_topics"]), len(keys_)))
+    start, end = float(opts["hot_from"]) * spec.time_limit, float(opts["hot_until"]) * spec.time_limit
+    planned, n = 0.0, 0
+    while True:
+        delay = next(delays)
+        planned += delay
+        if thread.role != "send":
+            yield Planned("receive", rng.choice(keys_), None, delay)
+            continue
+        if hot and start <= planned < end and rng.random() < float(opts["hot_share"]):
+            key = keys_[rng.randrange(hot)]
+        else:
+            key = keys_[min(bisect.bisect_left(zipf, rng.random() * zipf[-1]), len(keys_) - 1)]
+        n += 1
+        yield Planned("send", key, (thread.index + 1) * base.VALUE_STRIDE + n, delay)
+
+
+def run_thread(session: Session, spec: TestSpec, thread: log.Thread, topics: list[str], journal: Journal,
+               deadline: float, stop: threading.Event) -> None:
+    """Perform the thread's ops until the deadline; producers and consumers are made on first use
+    (one per topic and thread), not up front: there are hundreds of topics."""
+    def perform(planned: Planned, process: int) -> tuple[str, dict[str, Any]]:
+        if planned.f == "send":
+            return send(session, planned.key, thread.batched, planned.value)
+        return receive(session, planned.key)[:2]
+    ctx = Context(run_dir=None, spec=spec, cluster={}, keys=topics, journal=journal,  # type: ignore[arg-type]
+                  stop=stop, deadline=deadline)
+    base.drive(ctx, thread.index, spec.concurrency, generator(spec, thread, topics), perform)
+
+
+def start(ctx: Context) -> list[threading.Thread]:
+    session = session_for(ctx)
+    mine = [t for t in threads(ctx.spec, ctx.workers) if t.worker == ctx.worker]
+    return base.start_threads(ctx, [(f"thread-{t.index}", lambda t=t: run_thread(
+        session, ctx.spec, t, ctx.keys, ctx.journal, ctx.deadline, ctx.stop)) for t in mine])
+
+
+def start_final(ctx: Context) -> list[threading.Thread]:
+    return base.start_threads(ctx, final_reads(ctx, session_for(ctx)))
+
