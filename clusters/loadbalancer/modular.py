@@ -156,6 +156,17 @@ class ModularLoadManager:
         self._local.lastUpdate = _now_ms()
         return self._local
 
+    def _load_fields(self, data: Any) -> dict[str, Any]:
+        """What the balance checker plots: the signals in percent of this broker's limits, the weighted
+        max usage the shedders compare (0..1), the message rates and the counts."""
+        return {"cpu": round(data.cpu.percent_usage(), 3), "memory": round(data.memory.percent_usage(), 3),
+                "bandwidthIn": round(data.bandwidthIn.percent_usage(), 3),
+                "bandwidthOut": round(data.bandwidthOut.percent_usage(), 3),
+                "max_usage_with_weight": round(data.max_resource_usage_with_weight(self.settings), 5),
+                "msgRateIn": round(data.msgRateIn, 3), "msgRateOut": round(data.msgRateOut, 3),
+                "msgThroughputIn": round(data.msgThroughputIn, 1), "msgThroughputOut": round(data.msgThroughputOut, 1),
+                "numBundles": data.numBundles, "numTopics": data.numTopics}
+
     def _registration(self, data: Any) -> bytes:
         doc = data.to_json()
         # ours, beside Pulsar's fields: how the other brokers and the harness name this broker
@@ -190,6 +201,7 @@ class ModularLoadManager:
             try:
                 self.usage.sample()
                 data = self._local_data()
+                self._event("load-report", **self._load_fields(data))
                 if not self.store.connected:
                     continue
                 if self._written is None or need_broker_data_update(self._written, data, self.settings,
