@@ -5,8 +5,9 @@ unloads and splits, through Pulsar's admin API on any live broker.
   unregisters) or killed; the stop brings it back, a broker joining the cluster with no bundles.
 - `unload` (`unload:dest`): the bundle of a random workload topic unloaded; with `dest`, towards a
   random other live broker (`destinationBroker`, the leader's bundle affinity).
-- `split` (`split:ALGORITHM`): the bundle of a random workload topic split on its owner with Pulsar's
-  split algorithm (range_equally_divide by default), its children unloaded.
+- `split` (`split:ALGORITHM`): the bundles of two random workload topics split at the same moment (as
+  concurrent admin calls, or an admin split beside the leader's split task, do), each on its owner,
+  with Pulsar's split algorithm (range_equally_divide by default), their children unloaded.
 
 Unloads and splits are instants: `stop` has nothing to undo.
 """
@@ -167,16 +168,29 @@ class SplitNemesis(_BundleNemesis):
             raise ValueError(f"split:{algorithm}: use one of {', '.join(SPLIT_ALGORITHMS)}")
         self.algorithm = algorithm or "range_equally_divide"
 
-    def start(self, ctx: NemesisContext, plan: dict[str, Any] | None = None) -> dict[str, Any]:
-        self._check_idle()
-        plan = plan if plan is not None else self.choose(ctx)
-        bundle = topic_bundle(ctx, plan["topic"])
-        value: dict[str, Any] = {"topic": plan["topic"], "bundle": bundle, "algorithm": self.algorithm}
-        self.applied = value
+    def choose(self, ctx: NemesisContext) -> dict[str, Any]:
+        if not ctx.topics:
+            raise NemesisError("split: the workload has no topics to pick a bundle from")
+        pool = sorted(ctx.topics)
+        return {"topics": ctx.rng.sample(pool, min(2, len(pool)))}
+
+    def _split(self, ctx: NemesisContext, bundle: str) -> dict[str, Any]:
         status, data, via = admin_call(ctx, "PUT", f"/admin/v2/namespaces/{bundle}/split"
                                                    f"?unload=true&splitAlgorithmName={self.algorithm}")
         if status >= 300:
-            raise NemesisError(f"split {bundle}: HTTP {status}: {_reason(data)}")
-        value["children"] = data.get("children") if isinstance(data, dict) else None
-        value["via"] = via
+            return {"bundle": bundle, "error": f"HTTP {status}: {_reason(data)}"}
+        return {"bundle": bundle, "children": data.get("children") if isinstance(data, dict) else None,
+                "via": via}
+
+    def start(self, ctx: NemesisContext, plan: dict[str, Any] | None = None) -> dict[str, Any]:
+        import concurrent.futures
+        self._check_idle()
+        plan = plan if plan is not None else self.choose(ctx)
+        bundles = sorted({topic_bundle(ctx, t) for t in plan["topics"]})
+        value: dict[str, Any] = {"topics": plan["topics"], "bundles": bundles, "algorithm": self.algorithm}
+        self.applied = value
+        with concurrent.futures.ThreadPoolExecutor(len(bundles)) as pool:
+            value["splits"] = list(pool.map(lambda b: self._split(ctx, b), bundles))
+        if all("error" in r for r in value["splits"]):
+            raise NemesisError("split: " + "; ".join(f"{r['bundle']}: {r['error']}" for r in value["splits"]))
         return value
