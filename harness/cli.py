@@ -520,6 +520,30 @@ def _campaign(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
 
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    _strict_usage(p)
+    p.add_argument("results_dir", nargs="?", default="results", metavar="RESULTS_DIR",
+                   help="the results dir to browse (default results)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 shares it with the network)")
+
+
+@command("serve", "browse every run and campaign under a results dir in a local, read-only web page", _serve_args)
+def _serve(args: argparse.Namespace) -> int:
+    from harness import serve
+    if not Path(args.results_dir).is_dir():
+        raise UserError(f"{args.results_dir}: no such results dir", "give the folder runs were written to, e.g. results")
+    if not 0 < args.port < 65536:
+        raise UserError(f"--port {args.port} is not a TCP port", "use e.g. --port 8000")
+    try:
+        serve.serve(args.results_dir, args.host, args.port)
+    except OSError as e:
+        raise UserError(f"cannot listen on {args.host}:{args.port} ({e.strerror or e})",
+                        "choose another --port, or stop what uses it") from None
+    return 0
+
+
 def _lin_args(p: argparse.ArgumentParser) -> None:
     _strict_usage(p)
     p.add_argument("file", metavar="FILE", help="a history: history.jsonl, Jepsen EDN (a map a line) or a Jepsen log")

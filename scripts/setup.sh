@@ -3,7 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(zookeeper default-jre-headless iproute2 iptables procps libfuse2 fuse3 faketime)
+# chromium + chromium-driver: the headless browser of the `pulsar-chaos serve` test (tests/serve/)
+APT_PACKAGES=(zookeeper default-jre-headless iproute2 iptables procps libfuse2 fuse3 faketime chromium chromium-driver)
 
 need=()
 for p in "${APT_PACKAGES[@]}"; do
