@@ -302,7 +302,7 @@ def _label(entries: list[Entry]) -> None:
     """Each entry's label (its test name: its axis values, short) and key (hash of its fields)."""
     seen: dict[str, int] = {}
     for e in entries:
-        parts = [_short(ax, v) for ax, v in e.axes.items() if ax not in ("workload", "seed")]
+        parts = [_short(ax, v) for ax, v in e.axes.items() if ax not in ("workload", "seed", "run")]
         wl = str(e.fields.get("workload", "log"))
         lab = _slug("-".join([wl, *parts, _short("seed", e.axes["seed"])]))[:100]
         n = seen.get(lab, 0) + 1

@@ -97,3 +97,28 @@ def test_a_silently_ineffective_knob_fails_the_campaign(tmp_path):
     failure = case.find("failure")
     assert case.get("name") == KNOB and failure is not None and failure.get("type") == "expected-invalid", out
     assert "1 did not" in out
+
+
+def test_a_run_past_its_time_limit_is_stopped_cleanly_and_is_an_error(tmp_path):
+    # run_timeout 3 s: the run is stopped while it deploys or runs; it tears its cluster down, its folder
+    # is kept, JUnit has an error, and the campaign exits 2 (nothing failed, something ended unknown)
+    camp = tmp_path / "late.toml"
+    camp.write_text(CAMPAIGN.read_text().replace('analyze = false', 'analyze = false\nrun_timeout = 3'))
+    junit = tmp_path / "junit.xml"
+    p = subprocess.run([sys.executable, "-m", "harness.cli", "campaign", str(camp), "--only", CORRECT,
+                        "--results-dir", str(tmp_path / "results"), "--junit", str(junit)],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stdout + p.stderr
+    (folder,) = (tmp_path / "results" / "campaigns" / "two-runs").iterdir()
+    rec = entries(folder)[CORRECT]
+    assert rec["outcome"] == "timeout" and "run limit of 3 s" in rec["why"], rec
+    run_dir = Path(rec["run_dir"])
+    res = json.loads((run_dir / "results.json").read_text())
+    assert res["valid"] == "unknown" and res["run"]["interrupted"] == "SIGTERM"
+    name = json.loads((run_dir / "cluster.json").read_text())["name"]
+    listed = subprocess.run([sys.executable, "-m", "harness.cli", "cluster", "list"], cwd=REPO,
+                            capture_output=True, text=True, timeout=60).stdout
+    mine = [c for c in json.loads(listed) if c["name"] == name]
+    assert all(c["status"] != "up" for c in mine), mine
+    (case,) = junit_cases(junit).values()
+    assert case.find("error") is not None and case.find("error").get("type") == "timeout"
