@@ -531,7 +531,11 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
 
 @command("serve", "browse every run and campaign under a results dir in a local, read-only web page", _serve_args)
 def _serve(args: argparse.Namespace) -> int:
+    import importlib.util
     from harness import serve
+    if importlib.util.find_spec("flask") is None:
+        raise UserError("serve needs Flask, which is not installed",
+                        "run `make setup`, or pip install -e '.[serve]'")
     if not Path(args.results_dir).is_dir():
         raise UserError(f"{args.results_dir}: no such results dir", "give the folder runs were written to, e.g. results")
     if not 0 < args.port < 65536:

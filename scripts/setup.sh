@@ -43,7 +43,7 @@ fi
 stamp=.venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)
 if [ ! -f "$stamp" ]; then
   echo "installing Python packages into .venv (log: .venv/pip-install.log)"
-  if ! { .venv/bin/pip install --upgrade pip && .venv/bin/pip install -e '.[dev,analysis]'; } > .venv/pip-install.log 2>&1; then
+  if ! { .venv/bin/pip install --upgrade pip && .venv/bin/pip install -e '.[dev,analysis,serve]'; } > .venv/pip-install.log 2>&1; then
     tail -20 .venv/pip-install.log >&2
     echo "error: pip install failed; see .venv/pip-install.log (fix: check network access to PyPI, then rerun make setup)" >&2
     exit 2

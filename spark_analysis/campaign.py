@@ -167,8 +167,8 @@ def build(spark: SparkSession, runs: list[Run], skipped: list[Skipped], anomalie
         F.sum(py.isin("true", "false").cast("int")).alias("with_verdict"),
         F.sum(F.col("spark_rechecked").cast("int")).alias("spark_rechecked"),
         F.sum(sp_inv.cast("int")).alias("spark_invalid_"),
-        F.concat_ws(",", F.array_sort(F.array_distinct(F.flatten(F.collect_list(
-            F.split(F.col("decided_by"), ",")))))).alias("decided_by"))
+        F.concat_ws(",", F.array_sort(F.array_remove(F.array_distinct(F.flatten(F.collect_list(
+            F.split(F.col("decided_by"), ",")))), ""))).alias("decided_by"))
         .withColumn("kind", F.when(F.col("cause") == "none", F.lit("false alarm (expected valid)"))
                     .otherwise(F.lit("detection (expected invalid)")))
         .withColumn("python_rate", F.round(F.try_divide(F.col("python_invalid"), F.col("runs")), 4))

@@ -362,7 +362,7 @@ def print_summary(res: Result, out: TextIO) -> None:
         for r in det:
             label = "false alarms (runs expected valid)" if r["cause"] == "none" else f"detected {r['cause']}"
             spark = ("not re-checked by Spark" if not r.get("spark_rechecked") else
-                     f"{r['spark_invalid']}/{r['spark_rechecked']} by the Spark checks")
+                     f"{int(r['spark_invalid'])}/{int(r['spark_rechecked'])} by the Spark checks")
             parts.append(f"{label}: {r['python_invalid']}/{r['runs']} by the checkers, {spark}")
         print("; ".join(parts), file=out)
     runs = _records(res.tables.get("runs"))

@@ -134,7 +134,8 @@ def test_the_summary_and_page_say_what_spark_could_compare(analysed):
     text = out.getvalue()
     assert "on 4/4 runs they could compare (3 of 7 not comparable" in text, text
     assert "detected register:cas=unsafe: 1/1 by the checkers, not re-checked by Spark" in text, text
-    assert "false alarms (runs expected valid): 0/2 by the checkers" in text, text
+    assert "false alarms (runs expected valid): 0/2 by the checkers, 0/2 by the Spark checks" in text, text
+    assert "detected broker.recovery_fencing=false: 1/1 by the checkers, 1/1 by the Spark checks" in text, text
     assert "expectations met by 7/7 runs" in text, text
     page = open(res.html, encoding="utf-8").read()
     assert "not re-checked" in page and "register:cas=unsafe" in page
