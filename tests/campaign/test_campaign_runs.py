@@ -122,3 +122,28 @@ def test_a_run_past_its_time_limit_is_stopped_cleanly_and_is_an_error(tmp_path):
     assert all(c["status"] != "up" for c in mine), mine
     (case,) = junit_cases(junit).values()
     assert case.find("error") is not None and case.find("error").get("type") == "timeout"
+
+
+def test_crashed_runs_are_errors_and_the_campaign_goes_on(tmp_path):
+    junit = tmp_path / "junit.xml"
+    p = cli("--results-dir", str(tmp_path / "results"), "--junit", str(junit),
+            env={"PYTHONPATH": str(REPO), "PULSAR_CHAOS_PLUGINS": "tests.campaign.crashing_run"})
+    out = p.communicate(timeout=120)[0]
+    assert p.returncode == 2, out
+    (folder,) = (tmp_path / "results" / "campaigns" / "two-runs").iterdir()
+    recs = entries(folder)
+    assert [r["outcome"] for r in recs.values()] == ["crashed", "crashed"], recs
+    assert all("exit 255" in r["why"] for r in recs.values())
+    assert "a crash planted" in (folder / "logs" / f"{KNOB}.log").read_text()
+    cases = junit_cases(junit)
+    assert all(tc.find("error") is not None and tc.find("error").get("type") == "crashed" for tc in cases.values())
+
+
+def test_max_hours_starts_no_run_that_would_end_after_it(tmp_path):
+    junit = tmp_path / "junit.xml"
+    p = cli("--results-dir", str(tmp_path / "results"), "--junit", str(junit), "--max-hours", "0.001")
+    out = p.communicate(timeout=120)[0]
+    assert p.returncode == 2 and "--max-hours 0.001 reached: 2 run(s) not started" in out, out
+    (folder,) = (tmp_path / "results" / "campaigns" / "two-runs").iterdir()
+    assert not list((folder / "runs").iterdir())
+    assert all(tc.find("skipped") is not None for tc in junit_cases(junit).values())
