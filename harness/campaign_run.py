@@ -26,7 +26,7 @@ from typing import Any, TextIO
 from core import store
 from core.expectation import met
 from harness import junit
-from harness.campaign import Campaign, CampaignError, Entry, load, parse_shard, select
+from harness.campaign import CampaignError, Entry, load, parse_shard, select
 
 CAMPAIGN_JSON = "campaign.json"
 CAMPAIGN_TOML = "campaign.toml"
@@ -62,20 +62,6 @@ def _read_json(p: Path) -> Any:
 def _fmt_s(s: float) -> str:
     s = int(round(max(0, s)))
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
-
-
-def anomalies_text(results: dict[str, Any]) -> str:
-    """`log: lost 3, duplicate 2; fencing: split-brain 1` from results.json's invalid checkers."""
-    parts = []
-    for name, c in (results.get("checkers") or {}).items():
-        if not isinstance(c, dict) or c.get("valid") is not False:
-            continue
-        counts = (c.get("stats") or {}).get("anomaly_counts")
-        if not isinstance(counts, dict):
-            counts = {k: len(v) for k, v in (c.get("anomalies") or {}).items() if isinstance(v, list)}
-        found = [f"{t} {n}" for t, n in counts.items() if isinstance(n, int) and n > 0]
-        parts.append(f"{name}: {', '.join(found) or 'invalid'}")
-    return "; ".join(parts)
 
 
 class CampaignRun:
@@ -150,7 +136,7 @@ class CampaignRun:
         if isinstance(res, dict):
             valid = res.get("valid")
             rec["verdict"] = "valid" if valid is True else "invalid" if valid is False else "unknown"
-            rec["anomalies"] = anomalies_text(res)
+            rec["anomalies"] = store.anomalies_text(res, invalid_only=True)
             if res.get("expected") in ("valid", "invalid"):      # as the run recorded it
                 rec["expected"], rec["expected_reason"] = res["expected"], res.get("expected_reason")
             rec["met"] = met(rec["expected"], valid)

@@ -11,7 +11,6 @@ import os
 import re
 import tomllib
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -60,20 +59,6 @@ def _date(name: str) -> str:
     return f"{d[:4]}-{d[4:6]}-{d[6:]} {t[:2]}:{t[2:4]}:{t[4:]}"
 
 
-def _anomalies(res: dict[str, Any]) -> str:
-    parts = []
-    for name, c in (res.get("checkers") or {}).items():
-        if not isinstance(c, dict):
-            continue
-        counts = (c.get("stats") or {}).get("anomaly_counts")
-        if not isinstance(counts, dict):
-            counts = {k: len(v) for k, v in (c.get("anomalies") or {}).items() if isinstance(v, list)}
-        found = [f"{t} {n}" for t, n in counts.items() if isinstance(n, int) and n > 0]
-        if found:
-            parts.append(f"{name}: {', '.join(found)}")
-    return "; ".join(parts)
-
-
 def run_row(root: Path, d: Path) -> RunRow:
     spec = _read_toml(d / store.TEST_TOML)
     res = _read_json(d / store.RESULTS_JSON)
@@ -100,7 +85,7 @@ def run_row(root: Path, d: Path) -> RunRow:
     return RunRow(path=rel.as_posix(), test=str(spec.get("test_name") or d.parent.name),
                   workload=str(spec.get("workload", "")), nemesis=nem or "none", knobs=knobs or "none",
                   options=options, verdict=verdict, expected=expected,
-                  met="yes" if m is True else "NO" if m is False else "", anomalies=_anomalies(res),
+                  met="yes" if m is True else "NO" if m is False else "", anomalies=store.anomalies_text(res),
                   date=_date(d.name), campaign=campaign, has_report=(d / store.REPORT_HTML).is_file())
 
 

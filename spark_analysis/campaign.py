@@ -13,6 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from core import store
 from spark_analysis import checks
 from spark_analysis.inputs import Run, Skipped
 from spark_analysis.perf import PerfTables
@@ -24,15 +25,9 @@ CONFIG = ["workload", "nemesis", "quorum", "bugs", "backend", "options"]
 def decided_by(r: Run) -> dict[str, set[str]]:
     """{checker: anomaly types it found} for each of the run's checkers that judged it invalid
     (results.json)."""
-    out: dict[str, set[str]] = {}
-    for name, c in ((r.results or {}).get("checkers") or {}).items():
-        if not isinstance(c, dict) or c.get("valid") is not False:
-            continue
-        counts = (c.get("stats") or {}).get("anomaly_counts")
-        if not isinstance(counts, dict):
-            counts = {k: len(v) for k, v in (c.get("anomalies") or {}).items() if isinstance(v, list)}
-        out[name] = {t for t, n in counts.items() if isinstance(n, int) and n > 0}
-    return out
+    return {name: {t for t, n in store.anomaly_counts(c).items() if n > 0}
+            for name, c in ((r.results or {}).get("checkers") or {}).items()
+            if isinstance(c, dict) and c.get("valid") is False}
 
 
 def rechecked(r: Run, inv: dict[str, set[str]]) -> bool:
