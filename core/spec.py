@@ -33,6 +33,9 @@ class Catalog(Protocol):
 
     def bug_knob_names(self) -> Sequence[str]: ...
 
+    def unsafe_causes(self, workload: str, options: Mapping[str, Any], bugs: Mapping[str, Any]) -> list[Any]:
+        """The `core.expectation.Cause`s that make this configuration expected invalid."""
+
     def backend_names(self) -> Sequence[str]: ...
 
     def cluster_problem(self, zookeepers: int, bookies: int, ensemble: int, write_quorum: int,
@@ -94,6 +97,11 @@ class TestSpec:
                                             # one (which looks its topic up again); 0: never
     settle: float = 10.0                    # seconds after heal before the final reads
     final_read_timeout: float = 60.0        # seconds the final reads may take per topic
+    # the run's expectation (core/expectation.py): "" = from the bug knobs and the workload's unsafe
+    # options (invalid if any is on); "valid"/"invalid" declares it, with expected_reason saying why.
+    # A run's test.toml records the resolved one.
+    expected: str = ""
+    expected_reason: str = ""
 
     def validate(self, source: str = "", *, catalog: Catalog | None) -> "TestSpec":
         """Check every field (and, with a catalog, every name); SpecError for the first bad one.
@@ -166,6 +174,12 @@ class TestSpec:
             problem = catalog.lb_settings_problem(self.lb_settings)
             if problem is not None:
                 raise err("lb_settings", *problem)
+        if self.expected not in ("", "valid", "invalid"):
+            raise err("expected", f"must be valid or invalid, not {self.expected!r}",
+                      'write expected = "invalid" (with expected_reason = "why"), or leave it out')
+        if not isinstance(self.expected_reason, str):
+            raise err("expected_reason", f"must be a string, not {self.expected_reason!r}",
+                      'write expected_reason = "why the run must fail"')
         if not isinstance(self.options, dict):
             raise err("options", "must be a table of option = value", 'write e.g. [options] dedup = true')
         if catalog is not None:
@@ -227,6 +241,19 @@ class TestSpec:
         d = asdict(self)
         if not d["seed"]:
             d["seed"] = random.SystemRandom().randrange(1, 2**31)
+        return TestSpec(**d)
+
+    def expectation(self, catalog: Catalog):
+        """This spec's `core.expectation.Expectation`: declared, or from the registries' unsafe things."""
+        from core.expectation import expectation
+        found = catalog.unsafe_causes(self.workload, self.options, self.bugs)
+        return expectation(found, self.expected, self.expected_reason)
+
+    def with_expectation(self, catalog: Catalog) -> "TestSpec":
+        """A copy with `expected` and `expected_reason` resolved, as a run's test.toml records them."""
+        e = self.expectation(catalog)
+        d = asdict(self)
+        d.update(expected=e.expected, expected_reason=e.reason)
         return TestSpec(**d)
 
     def to_toml(self) -> str:

@@ -299,6 +299,30 @@ def read_results(run_dir: Path) -> dict[str, Any] | None:
                            f"{run_dir}` to write it again") from None
 
 
+def anomaly_counts(checker: Any) -> dict[str, int]:
+    """{anomaly type: count} of one checker's entry in results.json: its exact `stats.anomaly_counts`,
+    else the length of each evidence list (capped by the checker)."""
+    if not isinstance(checker, dict):
+        return {}
+    counts = (checker.get("stats") or {}).get("anomaly_counts")
+    if not isinstance(counts, dict):
+        counts = {k: len(v) for k, v in (checker.get("anomalies") or {}).items() if isinstance(v, list)}
+    return {str(k): n for k, n in counts.items() if isinstance(n, int) and not isinstance(n, bool)}
+
+
+def anomalies_text(results: dict[str, Any], invalid_only: bool = False) -> str:
+    """`log: lost 3, duplicate 2; fencing: split-brain 1` from results.json (only the checkers that
+    judged the run invalid, with `invalid_only`)."""
+    parts = []
+    for name, c in (results.get("checkers") or {}).items():
+        if invalid_only and not (isinstance(c, dict) and c.get("valid") is False):
+            continue
+        found = [f"{t} {n}" for t, n in anomaly_counts(c).items() if n > 0]
+        if found or invalid_only:
+            parts.append(f"{name}: {', '.join(found) or 'invalid'}")
+    return "; ".join(parts)
+
+
 def write_json(path: Path, data: Any) -> None:
     _write_text_atomic(Path(path), json.dumps(data, indent=2, default=_lenient_json) + "\n")
 

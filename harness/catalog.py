@@ -35,6 +35,10 @@ class RegistryCatalog:
         from clusters import bugs
         return tuple(bugs.KNOBS)
 
+    def unsafe_causes(self, workload: str, options: Mapping[str, Any], bugs: Mapping[str, Any]) -> list[Any]:
+        import workloads
+        return workloads.unsafe_causes(workload, options, bugs)
+
     def backend_names(self) -> Sequence[str]:
         from clusters.deploy.backends import BACKENDS
         return tuple(BACKENDS)

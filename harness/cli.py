@@ -511,6 +511,68 @@ def _analyze(args: argparse.Namespace) -> int:
     return analysis.run_args(args)
 
 
+def _campaign_args(p: argparse.ArgumentParser) -> None:
+    _strict_usage(p)
+    p.add_argument("file", metavar="FILE.toml", help="a campaign file (axes, exclusions, overrides; see campaigns/)")
+    p.add_argument("--only", default=None, metavar="PATTERN",
+                   help="only the runs any of whose axis values (a workload, fault, bug knob, option, seed) "
+                        "matches one of these comma-separated glob patterns")
+    p.add_argument("--seeds", type=int, default=None, metavar="N", help="runs per entry (overrides the file's seeds)")
+    p.add_argument("--results-dir", default="results", metavar="DIR",
+                   help="the campaign folder goes to DIR/campaigns/<name>/<time>/ (default results)")
+    p.add_argument("--resume", default=None, metavar="DIR",
+                   help="go on with an interrupted campaign folder: only runs without a complete run folder")
+    p.add_argument("--junit", default=None, metavar="FILE", help="also write the JUnit XML here")
+    p.add_argument("--max-hours", type=float, default=None, metavar="H",
+                   help="start no run that would end after H hours (the rest are reported as not run)")
+    p.add_argument("--shard", default=None, metavar="K/N", help="run only the K-th of N disjoint slices")
+    p.add_argument("--no-analyze", action="store_true", help="do not end with `pulsar-chaos analyze`")
+
+
+@command("campaign", "run every combination of a campaign file one after another; campaign folder, summary, "
+                     "JUnit XML (exit 0 every expectation met, 1 one not met, 2 some unknown)", _campaign_args)
+def _campaign(args: argparse.Namespace) -> int:
+    from clusters.deploy.backend import ClusterError
+    from harness import campaign_run
+    from harness.campaign import CampaignError
+    opts = campaign_run.Options(file=args.file, only=args.only, seeds=args.seeds, results_dir=args.results_dir,
+                                resume=args.resume, junit=args.junit, max_hours=args.max_hours, shard=args.shard,
+                                analyze=not args.no_analyze)
+    try:
+        return campaign_run.run(opts)
+    except (CampaignError, ClusterError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    _strict_usage(p)
+    p.add_argument("results_dir", nargs="?", default="results", metavar="RESULTS_DIR",
+                   help="the results dir to browse (default results)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 shares it with the network)")
+
+
+@command("serve", "browse every run and campaign under a results dir in a local, read-only web page", _serve_args)
+def _serve(args: argparse.Namespace) -> int:
+    import importlib.util
+    from harness import serve
+    if importlib.util.find_spec("flask") is None:
+        raise UserError("serve needs Flask, which is not installed",
+                        "run `make setup`, or pip install -e '.[serve]'")
+    if not Path(args.results_dir).is_dir():
+        raise UserError(f"{args.results_dir}: no such results dir", "give the folder runs were written to, e.g. results")
+    if not 0 < args.port < 65536:
+        raise UserError(f"--port {args.port} is not a TCP port", "use e.g. --port 8000")
+    try:
+        serve.serve(args.results_dir, args.host, args.port)
+    except OSError as e:
+        raise UserError(f"cannot listen on {args.host}:{args.port} ({e.strerror or e})",
+                        "choose another --port, or stop what uses it") from None
+    return 0
+
+
 def _lin_args(p: argparse.ArgumentParser) -> None:
     _strict_usage(p)
     p.add_argument("file", metavar="FILE", help="a history: history.jsonl, Jepsen EDN (a map a line) or a Jepsen log")

@@ -1017,6 +1017,12 @@ def _section_verdict(run: Run) -> str:
                     bad.append(f"{ty}: {_count(ev)}")
     if bad:
         lines.append("anomalies — " + ", ".join(bad))
+    exp = r.get("expected")
+    if exp in ("valid", "invalid"):
+        from core.expectation import met_word
+        m = r.get("expectation_met")
+        why = f" ({r.get('expected_reason')})" if exp == "invalid" and r.get("expected_reason") else ""
+        lines.append(f"expected {exp}{why}: expectation {met_word(m if isinstance(m, bool) else None)}")
     o = [f'<section id="verdict" class="verdict v-{_vclass(v)}" aria-label="verdict">'
          f'<p class="label">Verdict</p><p class="word">{esc(v)}</p>']
     for ln in lines:

@@ -57,6 +57,10 @@ def spec_from_args(spec_path: str | Path | None, overrides: dict[str, Any]) -> T
     for table in ("bugs", "options", "lb_settings"):
         if table in flags:
             flags[table] = {**(raw.get(table) or {}), **flags[table]}
+    if spec_path and any(k in flags for k in ("workload", "bugs", "options")):
+        # the file's expectation was for its own configuration: derive it again for the new one
+        raw.pop("expected", None)
+        raw.pop("expected_reason", None)
     raw.update(flags)
     try:
         return from_mapping(raw, source if not flags else "", catalog=CATALOG)
@@ -80,7 +84,7 @@ def run(spec: TestSpec, out: TextIO = sys.stdout) -> int:
     """Run one test; returns the exit code (0 valid, 1 invalid, 2 unknown, 255 the harness crashed).
 
     Raises SpecError (before anything is created) for a bad spec."""
-    spec = spec.validate(catalog=CATALOG).resolved()
+    spec = spec.validate(catalog=CATALOG).resolved().with_expectation(CATALOG)
     run_dir = store.create_run_dir(spec.results_dir, spec.test_name)
     store.write_test_toml(run_dir, spec)
     return Run(spec, run_dir, out).execute()
@@ -458,7 +462,8 @@ class Run:
             self.progress.line(f"report: {report}")
         errs = self.errors + self.check_errors
         why = f" ({'; '.join(errs)})" if errs else ""
-        self.progress.line(f"verdict: {_verdict_word(valid)}{why}; exit code {code}")
+        self.progress.line(f"verdict: {_verdict_word(valid)}{why}; {expectation_line(self.spec, valid)}; "
+                           f"exit code {code}")
         return code
 
     def _drop_cluster_data(self, valid: Any) -> None:
@@ -500,7 +505,27 @@ class Run:
                  "workers": self.workload.worker_count(self.spec), "step": self.step,
                  "final_reads": self.final_reads_done, "interrupted": self.interrupted,
                  "errors": list(self.errors), "timings": dict(self.timings)},
-            checkers=results)
+            checkers=results, **expectation_fields(self.spec, valid))
+
+
+def expectation_fields(spec: TestSpec | None, valid: Any) -> dict[str, Any]:
+    """results.json's expectation: `expected` ("valid"/"invalid"), `expected_reason`, `expectation_met`
+    (true, false, or null when the verdict is unknown)."""
+    from core.expectation import met
+    if spec is None:
+        return {"expected": None, "expected_reason": "no readable test.toml", "expectation_met": None}
+    e = spec.expectation(CATALOG)
+    return {"expected": e.expected, "expected_reason": e.reason, "expectation_met": met(e.expected, valid)}
+
+
+def expectation_line(spec: TestSpec | None, valid: Any) -> str:
+    """`expected invalid (bug knob ...): met`, for the verdict line."""
+    from core.expectation import met_word
+    f = expectation_fields(spec, valid)
+    if f["expected"] is None:
+        return "expectation unknown (no readable test.toml)"
+    why = f" ({f['expected_reason']})" if f["expected"] == "invalid" else ""
+    return f"expected {f['expected']}{why}: {met_word(f['expectation_met'])}"
 
 
 def _verdict_word(valid: Any) -> str:
@@ -599,11 +624,11 @@ def recheck(run_dir: Path | str, out: TextIO | None = sys.stdout) -> int:
     code = store.exit_code_for(valid)
     errors = run_errors + check_errors
     store.write_results(run_dir, valid=valid, exit_code=code, error="; ".join(errors) or None, run=run_info,
-                        checkers=results, checked_at=store.now_iso())
+                        checkers=results, checked_at=store.now_iso(), **expectation_fields(spec, valid))
     if out is not None:
         why = f" ({'; '.join(errors)})" if errors else ""
-        print(f"{run_dir}: {len(history)} ops; verdict: {_verdict_word(valid)}{why}; exit code {code}",
-              file=out, flush=True)
+        print(f"{run_dir}: {len(history)} ops; verdict: {_verdict_word(valid)}{why}; "
+              f"{expectation_line(spec, valid)}; exit code {code}", file=out, flush=True)
     return code
 
 

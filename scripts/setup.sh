@@ -3,7 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(zookeeper default-jre-headless iproute2 iptables procps libfuse2 fuse3 faketime)
+# chromium + chromium-driver: the headless browser of the `pulsar-chaos serve` test (tests/serve/)
+APT_PACKAGES=(zookeeper default-jre-headless iproute2 iptables procps libfuse2 fuse3 faketime chromium chromium-driver)
 
 need=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -42,7 +43,7 @@ fi
 stamp=.venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)
 if [ ! -f "$stamp" ]; then
   echo "installing Python packages into .venv (log: .venv/pip-install.log)"
-  if ! { .venv/bin/pip install --upgrade pip && .venv/bin/pip install -e '.[dev,analysis]'; } > .venv/pip-install.log 2>&1; then
+  if ! { .venv/bin/pip install --upgrade pip && .venv/bin/pip install -e '.[dev,analysis,serve]'; } > .venv/pip-install.log 2>&1; then
     tail -20 .venv/pip-install.log >&2
     echo "error: pip install failed; see .venv/pip-install.log (fix: check network access to PyPI, then rerun make setup)" >&2
     exit 2

@@ -13,6 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from core import store
 from spark_analysis import checks
 from spark_analysis.inputs import Run, Skipped
 from spark_analysis.perf import PerfTables
@@ -21,18 +22,49 @@ TYPE_COLUMNS = [f"{c}.{t}" for c, ts in checks.CHECKED.items() for t in ts]    #
 CONFIG = ["workload", "nemesis", "quorum", "bugs", "backend", "options"]
 
 
+def decided_by(r: Run) -> dict[str, set[str]]:
+    """{checker: anomaly types it found} for each of the run's checkers that judged it invalid
+    (results.json)."""
+    return {name: {t for t, n in store.anomaly_counts(c).items() if n > 0}
+            for name, c in ((r.results or {}).get("checkers") or {}).items()
+            if isinstance(c, dict) and c.get("valid") is False}
+
+
+def rechecked(r: Run, inv: dict[str, set[str]]) -> bool:
+    """Whether the Spark checks can judge this run: it has Spark-checked types, and if its own checkers
+    found it invalid, at least one anomaly type they found is one Spark re-checks (a run decided by the
+    fencing, elle, linear, exactly-once or perf checker alone is not re-checked)."""
+    if not any(inv.values()):
+        return False
+    if r.python_valid != "false":
+        return True
+    return any(t in inv.get(c, ()) for c, ts in decided_by(r).items() for t in ts)
+
+
+def met(expected: str, python_valid: str) -> str:
+    """"yes", "NO", or "n/a" (no verdict) for a run's expectation against its checkers' verdict."""
+    if python_valid not in ("true", "false"):
+        return "n/a"
+    return "yes" if (python_valid == "false") == (expected == "invalid") else "NO"
+
+
 def run_rows(runs: list[Run], counts: dict[str, dict[str, int]], stats: dict[str, dict[str, Any]]) -> list[dict]:
-    """One dict per run: configuration, verdicts, Spark counts per "checker.type" (-1: not checked)."""
+    """One dict per run: configuration, expectation, verdicts, Spark counts per "checker.type" (None: not
+    checked)."""
     rows = []
     for r in runs:
         inv = checks.invalid_types(r)
         spark_c = counts.get(r.run_id, {})
         py = checks.python_counts(r)
+        exp = r.expectation
         row: dict[str, Any] = {
             "run_id": r.run_id, "path": r.path, "test_name": r.test_name, "workload": r.workload,
             "nemesis": r.nemesis, "quorum": r.quorum, "bugs": r.bugs_label, "bug_knobs": r.bug_knobs,
             "backend": r.backend, "options": r.options_label,
             "started_at": r.started_at, "python_valid": r.python_valid,
+            "expected": exp.expected, "causes": r.causes, "expectation_met": met(exp.expected, r.python_valid),
+            "decided_by": ",".join(sorted(decided_by(r))) or "",
+            "spark_rechecked": rechecked(r, inv),
             "checked": ",".join(sorted(inv)) or "none",
             "ops": int(stats.get(r.run_id, {}).get("ops") or 0),
             "non_int_values": int(stats.get(r.run_id, {}).get("non_int_values") or 0),
@@ -63,6 +95,9 @@ RUN_SCHEMA = T.StructType(
     + [T.StructField("bug_knobs", T.ArrayType(T.StringType()))]
     + [T.StructField(n, T.StringType()) for n in ("backend", "options")]
     + [T.StructField("started_at", T.TimestampType()), T.StructField("python_valid", T.StringType()),
+       T.StructField("expected", T.StringType()), T.StructField("causes", T.ArrayType(T.StringType())),
+       T.StructField("expectation_met", T.StringType()), T.StructField("decided_by", T.StringType()),
+       T.StructField("spark_rechecked", T.BooleanType()),
        T.StructField("checked", T.StringType()), T.StructField("ops", T.LongType()),
        T.StructField("non_int_values", T.LongType()), T.StructField("notes", T.StringType())]
     + [T.StructField(c, T.LongType()) for c in TYPE_COLUMNS]
@@ -115,18 +150,31 @@ def build(spark: SparkSession, runs: list[Run], skipped: list[Skipped], anomalie
         F.sum((F.col("spark_valid") == "false").cast("int")).alias("spark_invalid"),
         *_sum_types(runs_df)).orderBy(*CONFIG))
 
-    knob = runs_df.withColumn("knob", F.explode(F.when(F.size("bug_knobs") > 0, F.col("bug_knobs"))
-                                                  .otherwise(F.array(F.lit("none")))))
-    detection = (knob.groupBy("knob").agg(
+    # detection by expectation: one row per cause (a bug knob, a workload's unsafe option), "none" for
+    # the runs expected valid (their invalid verdicts are the false alarms); the Spark columns count only
+    # the runs Spark re-checks, and say "not re-checked" where it re-checks none of them
+    cause = runs_df.withColumn("cause", F.explode("causes"))
+    sp_inv = (F.col("spark_valid") == "false") & F.col("spark_rechecked")
+    detection = (cause.groupBy("cause").agg(
+        F.first("expected").alias("expected"),
         F.count(F.lit(1)).alias("runs"),
         F.sum((py == "false").cast("int")).alias("python_invalid"),
-        F.sum((F.col("spark_valid") == "false").cast("int")).alias("spark_invalid"),
-        F.sum(py.isin("true", "false").cast("int")).alias("with_verdict"))
-        .withColumn("kind", F.when(F.col("knob") == "none", F.lit("false alarm (correct config)"))
-                    .otherwise(F.lit("detection")))
+        F.sum(py.isin("true", "false").cast("int")).alias("with_verdict"),
+        F.sum(F.col("spark_rechecked").cast("int")).alias("spark_rechecked"),
+        F.sum(sp_inv.cast("int")).alias("spark_invalid_"),
+        F.concat_ws(",", F.array_sort(F.array_remove(F.array_distinct(F.flatten(F.collect_list(
+            F.split(F.col("decided_by"), ",")))), ""))).alias("decided_by"))
+        .withColumn("kind", F.when(F.col("cause") == "none", F.lit("false alarm (expected valid)"))
+                    .otherwise(F.lit("detection (expected invalid)")))
         .withColumn("python_rate", F.round(F.try_divide(F.col("python_invalid"), F.col("runs")), 4))
-        .withColumn("spark_rate", F.round(F.try_divide(F.col("spark_invalid"), F.col("runs")), 4))
-        .orderBy(F.col("knob") == "none", "knob"))
+        .withColumn("spark_invalid", F.when(F.col("spark_rechecked") > 0, F.col("spark_invalid_")))
+        .withColumn("spark_rate", F.round(F.try_divide(F.col("spark_invalid"), F.col("spark_rechecked")), 4))
+        .withColumn("spark", F.when(F.col("spark_rechecked") == 0, F.lit("not re-checked"))
+                    .otherwise(F.format_string("%d/%d re-checked runs", F.col("spark_invalid"),
+                                               F.col("spark_rechecked"))))
+        .select("cause", "kind", "expected", "runs", "with_verdict", "python_invalid", "python_rate",
+                "spark_rechecked", "spark_invalid", "spark_rate", "spark", "decided_by")
+        .orderBy(F.col("cause") == "none", "cause"))
 
     wl = F.broadcast(runs_df.select("run_id", "workload", "day"))
     ops = perf.ops.join(wl, "run_id")
@@ -171,26 +219,26 @@ def build(spark: SparkSession, runs: list[Run], skipped: list[Skipped], anomalie
                 F.round(F.col("q")[1], 3).alias("p95_s"), F.round("max_s", 3).alias("max_s"))
         .orderBy("workload", "fault"))
 
-    has_bug = F.size("bug_knobs") > 0
+    has_bug = F.col("expected") == "invalid"        # a false alarm is an invalid run expected valid
     anomalies_total = sum((F.coalesce(F.col(f"`{c}`"), F.lit(0)) for c in TYPE_COLUMNS), F.lit(0))
     day_runs = runs_df.groupBy("day").agg(
         F.count(F.lit(1)).alias("runs"),
         F.sum((py == "false").cast("int")).alias("python_invalid"),
         F.sum((F.col("spark_valid") == "false").cast("int")).alias("spark_invalid"),
         F.sum(anomalies_total).alias("anomalies"),
-        F.sum(has_bug.cast("int")).alias("bug_runs"),
-        F.sum((has_bug & (py == "false")).cast("int")).alias("bug_runs_detected"),
-        F.sum((~has_bug).cast("int")).alias("correct_runs"),
+        F.sum(has_bug.cast("int")).alias("expected_invalid"),
+        F.sum((has_bug & (py == "false")).cast("int")).alias("detected"),
+        F.sum((~has_bug).cast("int")).alias("expected_valid"),
         F.sum((~has_bug & (py == "false")).cast("int")).alias("false_alarms"))
     wfs = ok.where(F.col("f").isin("send", "enqueue", "add", "put", "write", "cas"))
     day_lat = wfs.groupBy("day").agg(F.percentile_approx("latency_ms", F.array(F.lit(0.5), F.lit(0.99)), 10000)
                                      .alias("q"))
     trends = (day_runs.join(day_lat, "day", "left")
               .select(F.date_format("day", "yyyy-MM-dd").alias("day"), "runs", "python_invalid", "spark_invalid",
-                      "anomalies", "bug_runs", "bug_runs_detected",
-                      F.round(F.try_divide(F.col("bug_runs_detected"), F.col("bug_runs")), 4).alias("detection_rate"),
-                      "correct_runs", "false_alarms",
-                      F.round(F.try_divide(F.col("false_alarms"), F.col("correct_runs")), 4).alias("false_alarm_rate"),
+                      "anomalies", "expected_invalid", "detected",
+                      F.round(F.try_divide(F.col("detected"), F.col("expected_invalid")), 4).alias("detection_rate"),
+                      "expected_valid", "false_alarms",
+                      F.round(F.try_divide(F.col("false_alarms"), F.col("expected_valid")), 4).alias("false_alarm_rate"),
                       F.round(F.col("q")[0], 3).alias("write_p50_ms"), F.round(F.col("q")[1], 3).alias("write_p99_ms"))
               .orderBy("day"))
     return Campaign(runs=runs_df.drop("day"), skipped=skipped_df, anomaly_counts=counts_df, by_config=by_config,

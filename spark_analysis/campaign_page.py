@@ -184,10 +184,11 @@ def page(res: Any, page_dir: Path | None) -> str:
                                    "write latency per day (ms)", " ms"))
     det = t.get("detection")
     if det is not None and len(det):
-        plots.append(bar_chart([str(k) for k in det["knob"]],
+        plots.append(bar_chart([str(k) for k in det["cause"]],
                                [("checkers", list(det["python_rate"]), "#4e79a7"),
                                 ("Spark checks", list(det["spark_rate"]), "#59a14f")],
-                               "detection rate per bug knob ('none': false-alarm rate)"))
+                               "detection rate per bug knob or unsafe option ('none': false-alarm rate; "
+                               "no Spark bar: not re-checked)"))
     pbs = t.get("perf_by_state")
     if pbs is not None and len(pbs):
         w = pbs[pbs["f"].isin(["send", "enqueue", "add", "put", "write", "cas"])]
@@ -207,8 +208,11 @@ def page(res: Any, page_dir: Path | None) -> str:
         ("Verdicts by configuration", "workload x nemesis x E/Qw/Qa x bug knobs x backend; 'valid' / 'invalid' "
          "/ 'unknown' are the run's own checkers (results.json), spark_invalid the Spark checks; the "
          "anomaly columns are the Spark counts.", table(t.get("by_config"))),
-        ("Detection and false alarms", "per bug knob: the share of runs judged invalid; 'none' are the "
-         "correct configurations (any invalid one is a false alarm or a real bug).", table(t.get("detection"))),
+        ("Detection and false alarms", "per bug knob or deliberately unsafe workload option (the runs expected "
+         "invalid): the share judged invalid; 'none' are the runs expected valid (any invalid one is a false "
+         "alarm or a real bug). The Spark columns count only the runs Spark re-checks (log and queue "
+         "anomalies); 'not re-checked' where the deciding checker (fencing, elle, linear, exactly-once, perf) "
+         "has no Spark equivalent.", table(t.get("detection"))),
         ("Latency and throughput by fault state", "client ops by the fault state at their invocation; "
          "throughput = ok ops per second spent in that state.", table(t.get("perf_by_state"))),
         ("Unavailability by fault state", "gaps between ok writes of a topic, attributed to the state at "
@@ -221,7 +225,8 @@ def page(res: Any, page_dir: Path | None) -> str:
     if runs_df is not None and len(runs_df):
         links = [_link(by_id[r], page_dir) if r in by_id else "<td></td>" for r in runs_df["run_id"]]
         cols = (["run_id", "report", "workload", "nemesis", "quorum", "bugs", "backend", "started_at", "ops",
-                 "python_valid", "spark_valid", "agrees", "longest_gap_s"]
+                 "expected", "python_valid", "expectation_met", "spark_valid", "spark_rechecked", "agrees",
+                 "longest_gap_s"]
                 + [c for c in TYPE_COLUMNS if c in runs_df and runs_df[c].fillna(0).sum() > 0] + ["notes"])
         runs_html = table(runs_df, cols, extra={"report": links})
     sections.append(("Runs", "agrees: the Spark counts equal results.json's for every checked type.", runs_html))

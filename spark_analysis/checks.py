@@ -38,6 +38,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from core import store
 from spark_analysis.inputs import Run, run_names, with_run_names
 
 LOG_TYPES = ("lost", "duplicate", "divergence", "nonmonotonic-send", "unexpected")
@@ -392,8 +393,6 @@ def python_counts(run: Run) -> dict[str, dict[str, int]]:
         c = res.get(name)
         if not isinstance(c, dict):
             continue
-        counts = (c.get("stats") or {}).get("anomaly_counts")
-        if not isinstance(counts, dict):
-            counts = {k: len(v) for k, v in (c.get("anomalies") or {}).items() if isinstance(v, list)}
+        counts = store.anomaly_counts(c)
         out[name] = {k: int(counts.get(k, 0)) for k in types}
     return out

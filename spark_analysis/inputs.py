@@ -89,6 +89,30 @@ class Run:
         return out
 
     @property
+    def expectation(self):
+        """The run's `core.expectation.Expectation`: as its test.toml records it (`expected`), its causes
+        from the bug knobs and the workload's unsafe options (derived for runs made before expectations)."""
+        import workloads
+        from core.expectation import expectation
+        found = workloads.unsafe_causes(self.workload, self._get("options", {}) or {}, self._get("bugs", {}) or {})
+        declared = self._get("expected", "")
+        declared = declared if declared in ("valid", "invalid") else ""
+        return expectation(found, declared, str(self._get("expected_reason", "")))
+
+    @property
+    def expected(self) -> str:
+        return self.expectation.expected
+
+    @property
+    def causes(self) -> list[str]:
+        """The detection rows this run counts in: its causes' labels if it is expected invalid ("declared"
+        when only its spec says so), else ["none"]."""
+        e = self.expectation
+        if e.expected != "invalid":
+            return ["none"]
+        return e.labels or ["declared"]
+
+    @property
     def bugs_label(self) -> str:
         return ",".join(self.bug_knobs) or "none"
 

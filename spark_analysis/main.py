@@ -360,16 +360,22 @@ def print_summary(res: Result, out: TextIO) -> None:
     if det:
         parts = []
         for r in det:
-            label = "false alarms (correct configs)" if r["knob"] == "none" else f"detected {r['knob']}"
-            parts.append(f"{label}: {r['python_invalid']}/{r['runs']} by the checkers, "
-                         f"{r['spark_invalid']}/{r['runs']} by the Spark checks")
+            label = "false alarms (runs expected valid)" if r["cause"] == "none" else f"detected {r['cause']}"
+            spark = ("not re-checked by Spark" if not r.get("spark_rechecked") else
+                     f"{int(r['spark_invalid'])}/{int(r['spark_rechecked'])} by the Spark checks")
+            parts.append(f"{label}: {r['python_invalid']}/{r['runs']} by the checkers, {spark}")
         print("; ".join(parts), file=out)
     runs = _records(res.tables.get("runs"))
     agree = [r for r in runs if r.get("agrees") in ("yes", "NO")]
-    if agree:
+    if runs:
         bad = [r["run_id"] for r in agree if r["agrees"] == "NO"]
-        print(f"Spark checks agree with results.json on {len(agree) - len(bad)}/{len(agree)} runs"
+        print(f"Spark checks agree with results.json on {len(agree) - len(bad)}/{len(agree)} runs they could "
+              f"compare ({len(runs) - len(agree)} of {len(runs)} not comparable: no log or queue checker)"
               + (f"; differ on: {', '.join(bad)}" if bad else ""), file=out)
+        unmet = [r["run_id"] for r in runs if r.get("expectation_met") == "NO"]
+        judged = [r for r in runs if r.get("expectation_met") in ("yes", "NO")]
+        print(f"expectations met by {len(judged) - len(unmet)}/{len(judged)} runs with a verdict"
+              + (f"; not met: {', '.join(unmet)}" if unmet else ""), file=out)
     for s in res.skipped:
         print(f"skipped {s.path}: {s.reason}", file=out)
     print(f"tables: {res.out_dir}/*.parquet", file=out)

@@ -1,7 +1,7 @@
 """Workloads: one module per workload with its op generator, its client code and its checkers.
 
 A workload module meets `workloads.base.Workload` (a typing.Protocol: DESCRIPTION, OPTIONS,
-keys, worker_count, start, start_final, checkers; optionally CHOICES and prepare); see
+keys, worker_count, start, start_final, checkers; optionally CHOICES, UNSAFE and prepare); see
 workloads/log.py, and docs/extending.md for a new one. `REGISTRY` maps each name to a
 `WorkloadEntry` whose module is imported on first use.
 """
@@ -61,3 +61,16 @@ def options(name: str, given: dict[str, Any]) -> dict[str, Any]:
     out = {k: d for k, (d, _) in get(name).OPTIONS.items()}
     out.update(given or {})
     return out
+
+
+def unsafe_causes(name: str, given: dict[str, Any] | None, bugs: dict[str, Any] | None) -> list[Any]:
+    """Why a configuration must be invalid (`core.expectation.Cause`s): the bug knobs set off their safe
+    default (`clusters.bugs.KNOBS`) and the workload's deliberately unsafe settings (its `UNSAFE`)."""
+    from clusters import bugs as bug_knobs
+    from core.expectation import causes
+    try:
+        mod = get(name)
+        unsafe, defaults = getattr(mod, "UNSAFE", ()), {k: d for k, (d, _) in mod.OPTIONS.items()}
+    except Exception:                     # a workload this checkout lacks: its knobs still count
+        unsafe, defaults = (), {}
+    return causes(bugs, bug_knobs.KNOBS, name, given, unsafe, defaults)

@@ -68,7 +68,8 @@ class Context:
 class Workload(Protocol):
     """The contract of a workload module (workloads/log.py is the plainest one that meets it).
 
-    Optional members: `CHOICES` ({option: allowed values}) and `prepare(ctx)`, run in the runner after
+    Optional members: `CHOICES` ({option: allowed values}), `UNSAFE` (`core.expectation.Unsafe`
+    settings that are unsafe on purpose: a run with one is expected invalid) and `prepare(ctx)`, run in the runner after
     deploy (namespace policies and the like)."""
 
     DESCRIPTION: str                                  # one line for `pulsar-chaos run --help`

@@ -87,6 +87,7 @@ from pathlib import Path
 from typing import Any
 
 from checkers.exactly_once import amount_of
+from core.expectation import Unsafe
 from core.history import FAIL, INFO, INVOKE, OK, Journal, MessageId, Op
 from core.spec import TestSpec
 from workloads import base
@@ -105,6 +106,9 @@ OPTIONS: dict[str, tuple[Any, str]] = {
                                "client's default, which reuses ids after a reconnect before its first receipt "
                                "and so loses outputs on a deduplicated topic, apache/pulsar#2047)"),
 }
+# deliberately unsafe: the run must be invalid (core/expectation.py)
+UNSAFE = (Unsafe({"seek": False}, "resuming from the subscription instead of seeking to the checkpoint "
+                                  "skips acknowledged inputs after every mid-interval kill: `missed`"),)
 SUBSCRIPTION = "exactly-once"
 CONTROLLER_PROCESS = 700_000      # + pipeline
 PROCESSOR_PROCESS = 800_000       # + 1000 * pipeline + incarnation

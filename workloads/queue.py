@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from core.expectation import Unsafe, nonzero
 from core.spec import TestSpec
 from workloads import base
 from workloads.base import MAX_WORKERS, Context, Planned
@@ -26,6 +27,11 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "nack_every": (0, "negatively acknowledge every Nth dequeued message after recording it (a consumer that "
                       "processed it and then failed): Pulsar redelivers it; 0 never"),
 }
+# deliberately unsafe: the run must be invalid (core/expectation.py)
+UNSAFE = (Unsafe({"exactly_once": True, "nack_every": nonzero},
+                 "exactly-once delivery claimed while consumers negatively acknowledge messages they "
+                 "recorded: Pulsar redelivers them, so values are dequeued twice",
+                 label="exactly_once+nack_every"),)
 NACK_DELAY_MS = 200           # redelivery delay of negatively acknowledged messages (the client's default is 60 s)
 SUBSCRIPTION = "queue"
 

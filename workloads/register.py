@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from core.expectation import Unsafe
 from core.history import FAIL, INFO, OK
 from core.spec import TestSpec
 from workloads import base
@@ -54,6 +55,9 @@ OPTIONS: dict[str, tuple[Any, str]] = {
                          "unconditional set (lost updates: the checker must fail the run)"),
 }
 CHOICES = {"cas": ("versioned", "unsafe")}
+# deliberately unsafe: the run must be invalid (core/expectation.py)
+UNSAFE = (Unsafe({"cas": "unsafe"}, "cas as get + unconditional set loses updates: the linear checker "
+                                    "must report the history not linearizable"),)
 VALUES = 5                      # register values are 0..VALUES-1, as Jepsen's cas-register tests
 ROOT = "/pulsar-chaos/register"
 OP_TIMEOUT_S = 5.0              # one ZooKeeper request; no answer -> info (write, cas) or fail (read)

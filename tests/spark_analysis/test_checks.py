@@ -207,7 +207,7 @@ def test_runs_table_verdicts_and_agreement(synthetic):
     assert runs.loc["syn-clean", "spark_valid"] == "true" and runs.loc["syn-clean", "python_valid"] == "true"
     assert runs.loc["syn-lost", "spark_valid"] == "false" and runs.loc["syn-lost", "python_valid"] == "false"
     assert runs.loc["syn-lost", "log.lost"] == 2
-    det = res.tables["detection"].set_index("knob")
+    det = res.tables["detection"].set_index("cause")
     assert det.loc["none", "runs"] == 3 and det.loc["bookie.ignore_fence=true", "runs"] == len(LOG_VARIANTS) - 1
 
 

@@ -1,0 +1,356 @@
+"""`pulsar-chaos campaign`: run a campaign's entries one after another (clusters on one machine must not
+overlap), each as its own `pulsar-chaos run` process under a wall-clock limit, into a campaign folder:
+
+    <results-dir>/campaigns/<name>/<YYYYmmddTHHMMSS>/
+      campaign.toml     the file as given          campaign.json   every entry: run folder, verdict, expectation
+      runs/<test>/<time>/   the run folders        logs/<test>.log  each run's terminal output
+      specs/<test>.toml     each run's spec        junit.xml  summary.txt  analysis/ (pulsar-chaos analyze)
+
+It goes on past invalid, unknown and crashed runs; `--resume DIR` runs only the entries without a complete
+run folder in DIR (one with a results.json that was not interrupted). Exit 0 when every run met its
+expectation, 1 when one did not, 2 when none failed but some ended unknown, crashed or were not run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from core import store
+from core.expectation import met
+from harness import junit
+from harness.campaign import CampaignError, Entry, load, parse_shard, select
+
+CAMPAIGN_JSON = "campaign.json"
+CAMPAIGN_TOML = "campaign.toml"
+SUMMARY_TXT = "summary.txt"
+JUNIT_XML = "junit.xml"
+TERM_GRACE_S = 180.0          # after SIGTERM at the time limit, how long a run may take to clean up
+
+
+@dataclass
+class Options:
+    file: str
+    only: str | None = None
+    seeds: int | None = None
+    results_dir: str = "results"
+    resume: str | None = None
+    junit: str | None = None
+    max_hours: float | None = None
+    shard: str | None = None
+    analyze: bool = True
+
+
+def _now_stamp() -> str:
+    return time.strftime(store.RUN_FOLDER_FORMAT)
+
+
+def _read_json(p: Path) -> Any:
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _fmt_s(s: float) -> str:
+    s = int(round(max(0, s)))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+class CampaignRun:
+    def __init__(self, opts: Options, out: TextIO = sys.stdout):
+        self.opts, self.out = opts, out
+        self.started = time.monotonic()
+        if opts.resume:
+            self.dir = Path(opts.resume)
+            state = _read_json(self.dir / CAMPAIGN_JSON)
+            if not isinstance(state, dict) or "entries" not in state:
+                raise CampaignError("--resume", f"{self.dir} is not a campaign folder (no readable {CAMPAIGN_JSON})",
+                                    "give the folder a campaign printed, results/campaigns/<name>/<time>")
+            seeds = opts.seeds if opts.seeds is not None else state.get("seeds")
+            self.campaign = load(opts.file, seeds=seeds, seed_base=state.get("seed_base"))
+            self.stamp = state.get("started", _now_stamp())
+        else:
+            self.campaign = load(opts.file, seeds=opts.seeds)
+            self.stamp = _now_stamp()
+            self.dir = Path(opts.results_dir) / "campaigns" / self.campaign.name / self.stamp
+        if opts.max_hours is not None and opts.max_hours <= 0:
+            raise CampaignError("--max-hours", f"must be > 0, not {opts.max_hours}", "write e.g. --max-hours 6")
+        self.entries = select(self.campaign.entries, opts.only, parse_shard(opts.shard))
+        if not self.entries:
+            raise CampaignError("--only", f"{opts.only!r} matches no run of the campaign",
+                                "match an axis value, e.g. --only queue or --only 'broker.*'")
+        self.records: dict[str, dict[str, Any]] = {}
+        self.measured: list[float] = []
+
+    # -------------------------------------------------------------------- state
+    def _prepare_dir(self) -> None:
+        try:
+            for sub in ("runs", "logs", "specs"):
+                (self.dir / sub).mkdir(parents=True, exist_ok=True)
+            if not (self.dir / CAMPAIGN_TOML).exists():
+                (self.dir / CAMPAIGN_TOML).write_text(self.campaign.text)
+        except OSError as e:
+            raise CampaignError("--results-dir", f"cannot create {self.dir} ({e.strerror})",
+                                "choose a writable --results-dir") from None
+
+    def _save(self) -> None:
+        recs = [self.records.get(e.key) or self._pending(e) for e in self.entries]
+        store.write_json(self.dir / CAMPAIGN_JSON, {
+            "campaign": self.campaign.name, "file": str(self.campaign.path), "started": self.stamp,
+            "seed_base": self.campaign.seed_base, "seeds": self.opts.seeds,
+            "only": self.opts.only, "shard": self.opts.shard, "entries": recs})
+
+    def _pending(self, e: Entry) -> dict[str, Any]:
+        exp = e.spec(e.label, "x").expectation(_catalog())
+        return {"name": e.label, "key": e.key, "workload": e.fields.get("workload", "log"), "axes": e.axes,
+                "expected": exp.expected, "expected_reason": exp.reason, "outcome": "pending"}
+
+    def _complete_run(self, e: Entry) -> Path | None:
+        """The entry's newest run folder that finished (results.json, not interrupted), if any."""
+        base = self.dir / "runs" / e.label
+        if not base.is_dir():
+            return None
+        for d in sorted((p for p in base.iterdir() if p.is_dir()), reverse=True):
+            res = _read_json(d / store.RESULTS_JSON)
+            if isinstance(res, dict) and not (res.get("run") or {}).get("interrupted"):
+                return d
+            old = next((r for r in (_read_json(self.dir / CAMPAIGN_JSON) or {}).get("entries", [])
+                        if r.get("run_dir") == str(d) and r.get("outcome") == "timeout"), None)
+            if old is not None:
+                return d
+        return None
+
+    def _record(self, e: Entry, run_dir: Path | None, seconds: float, code: int | None, why: str = "",
+                outcome: str | None = None) -> dict[str, Any]:
+        rec = self._pending(e)
+        res = _read_json(run_dir / store.RESULTS_JSON) if run_dir else None
+        rec.update(run_dir=str(run_dir) if run_dir else None, seconds=round(seconds, 1), exit_code=code)
+        if isinstance(res, dict):
+            valid = res.get("valid")
+            rec["verdict"] = "valid" if valid is True else "invalid" if valid is False else "unknown"
+            rec["anomalies"] = store.anomalies_text(res, invalid_only=True)
+            if res.get("expected") in ("valid", "invalid"):      # as the run recorded it
+                rec["expected"], rec["expected_reason"] = res["expected"], res.get("expected_reason")
+            rec["met"] = met(rec["expected"], valid)
+            rec["why"] = why or res.get("error") or ""
+            rec["outcome"] = outcome or rec["verdict"]
+            if (run_dir / store.REPORT_HTML).exists():
+                rec["report"] = str(run_dir / store.REPORT_HTML)
+        else:
+            rec["outcome"] = outcome or "crashed"
+            rec["why"] = why or f"the run left no results.json (exit code {code}); see logs/{e.label}.log"
+        return rec
+
+    # -------------------------------------------------------------------- one run
+    def _run_one(self, e: Entry) -> dict[str, Any]:
+        spec = e.spec(e.label, str(self.dir / "runs"))
+        spec_path = self.dir / "specs" / f"{e.label}.toml"
+        spec_path.write_text(spec.to_toml())
+        before = set((self.dir / "runs" / e.label).glob("*")) if (self.dir / "runs" / e.label).is_dir() else set()
+        argv = [sys.executable, "-m", "harness.cli", "run", "--spec", str(spec_path)]
+        timeout = self.campaign.timeout_for(e)
+        t = time.monotonic()
+        outcome, why = None, ""
+        with open(self.dir / "logs" / f"{e.label}.log", "ab") as log:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+            try:
+                code = self._wait(proc, timeout)
+                if code is None:
+                    outcome, why = "timeout", f"stopped after the campaign's run limit of {timeout:.0f} s"
+                    code = self._stop(proc)
+            except BaseException:
+                self._stop(proc)              # Ctrl-C or SIGTERM of the campaign: the run cleans up first
+                raise
+        after = set((self.dir / "runs" / e.label).glob("*")) - before
+        run_dir = max(after) if after else None
+        if outcome is None and code == store.EXIT_CRASH:
+            outcome, why = "crashed", f"the harness crashed (exit 255); see logs/{e.label}.log"
+        elif outcome is None and code not in (0, 1, 2):
+            outcome, why = "crashed", f"the run exited with code {code}; see logs/{e.label}.log"
+        return self._record(e, run_dir, time.monotonic() - t, code, why, outcome)
+
+    @staticmethod
+    def _wait(proc: subprocess.Popen, timeout: float) -> int | None:
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def _stop(self, proc: subprocess.Popen) -> int:
+        """SIGTERM the run (it tears its cluster down and writes its results), SIGKILL after the grace,
+        then remove the cluster it named in cluster.json."""
+        if proc.poll() is None:
+            try:
+                proc.send_signal(signal.SIGTERM)
+            except OSError:
+                pass
+            try:
+                proc.wait(TERM_GRACE_S)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)      # its own session: the run and its workers
+                except OSError:
+                    pass
+                proc.wait(10)
+                self._force_down(proc)
+        return proc.returncode
+
+    def _force_down(self, proc: subprocess.Popen) -> None:
+        for cj in self.dir.glob(f"runs/*/*/{store.CLUSTER_JSON}"):
+            c = _read_json(cj) or {}
+            if c.get("name") and not (cj.parent / store.RESULTS_JSON).exists():
+                subprocess.run([sys.executable, "-m", "harness.cli", "cluster", "down", "--force", "--name",
+                                c["name"], "--backend", c.get("backend") or "netns"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+
+    # -------------------------------------------------------------------- the campaign
+    def _eta(self, remaining: list[Entry]) -> float:
+        if self.measured:
+            avg = sum(self.measured) / len(self.measured)
+            return avg * len(remaining)
+        return sum(self.campaign.estimate(e) for e in remaining)
+
+    def _line(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def _bar(self, done: int, total: int, width: int = 24) -> str:
+        n = round(width * done / total) if total else width
+        return "[" + "#" * n + "-" * (width - n) + f"] {done}/{total}"
+
+    def execute(self) -> int:
+        from harness import runner
+        self._prepare_dir()
+        todo: list[Entry] = []
+        for e in self.entries:
+            done = self._complete_run(e) if self.opts.resume else None
+            if done is not None:
+                self.records[e.key] = self._record(e, done, 0.0, None)
+                prev = next((r for r in (_read_json(self.dir / CAMPAIGN_JSON) or {}).get("entries", [])
+                             if r.get("run_dir") == str(done)), None)
+                if prev:       # what the first attempt measured (a timeout stays a timeout)
+                    self.records[e.key].update({k: prev[k] for k in ("seconds", "exit_code", "outcome", "why")
+                                                if k in prev and prev[k] is not None})
+            else:
+                todo.append(e)
+        self._save()
+        total = len(self.entries)
+        kept = total - len(todo)
+        self._line(f"campaign {self.campaign.name}: {total} run{'s' if total != 1 else ''}"
+                   + (f" ({kept} already complete, {len(todo)} to run)" if kept else "")
+                   + f" in {self.dir}; estimated {_fmt_s(self._eta(todo))}")
+        if todo:
+            runner.preflight(todo[0].spec("x", str(self.dir)))
+        interrupted: BaseException | None = None
+        try:
+            for i, e in enumerate(todo):
+                elapsed = time.monotonic() - self.started
+                if self.opts.max_hours is not None and elapsed + self.campaign.estimate(e) > self.opts.max_hours * 3600:
+                    for rest in todo[i:]:
+                        rec = self._pending(rest)
+                        rec.update(outcome="not-run", why=f"--max-hours {self.opts.max_hours:g} reached")
+                        self.records[rest.key] = rec
+                    self._line(f"--max-hours {self.opts.max_hours:g} reached: {len(todo) - i} run(s) not started")
+                    break
+                n = kept + i + 1
+                self._line(f"{self._bar(n - 1, total)} run {n}/{total} {e.label}: started; "
+                           f"ETA {_fmt_s(self._eta(todo[i:]))}")
+                rec = self._run_one(e)
+                self.records[e.key] = rec
+                self.measured.append(rec["seconds"])
+                self._save()
+                self._line(f"{self._bar(n, total)} {e.label}: {self._word(rec)} in {_fmt_s(rec['seconds'])}; "
+                           f"elapsed {_fmt_s(time.monotonic() - self.started)}, ETA {_fmt_s(self._eta(todo[i + 1:]))}")
+        except BaseException as ex:
+            if not (isinstance(ex, KeyboardInterrupt) or type(ex).__name__ == "Terminated"):
+                raise
+            interrupted = ex
+        self._save()
+        records = [self.records.get(e.key) or self._pending(e) for e in self.entries]
+        code = self._finish(records, analyze=interrupted is None)
+        if interrupted is not None:
+            self._line(f"interrupted: resume with `pulsar-chaos campaign {self.opts.file} --resume {self.dir}`")
+            raise interrupted
+        return code
+
+    @staticmethod
+    def _word(rec: dict[str, Any]) -> str:
+        o = rec.get("outcome")
+        if o in ("valid", "invalid"):
+            m = "met" if rec.get("met") else "NOT met"
+            return f"{o.upper() if o == 'invalid' else o} (expected {rec.get('expected')}: {m})"
+        return f"{o} ({rec.get('why') or ''})".replace(" ()", "")
+
+    def _finish(self, records: list[dict[str, Any]], analyze: bool = True) -> int:
+        seconds = time.monotonic() - self.started
+        xml = junit.xml(self.campaign.name, records, self.stamp, seconds)
+        store._write_text_atomic(self.dir / JUNIT_XML, xml.decode())
+        if self.opts.junit:
+            try:
+                Path(self.opts.junit).parent.mkdir(parents=True, exist_ok=True)
+                Path(self.opts.junit).write_bytes(xml)
+            except OSError as e:
+                self._line(f"warning: cannot write --junit {self.opts.junit} ({e.strerror}); "
+                           f"it is in {self.dir / JUNIT_XML}")
+        kinds = [junit.judge(r)[0] for r in records]
+        code = (store.EXIT_INVALID if junit.FAILURE in kinds else
+                store.EXIT_UNKNOWN if any(k in (junit.ERROR, junit.SKIPPED) for k in kinds) or
+                any(r.get("outcome") == "pending" for r in records) else store.EXIT_VALID)
+        summary = self._summary(records, kinds, seconds, code)
+        analysis = self._analyze() if analyze and self.opts.analyze and self.campaign.analyze else None
+        if analysis:
+            summary += f"\nanalysis: {analysis}\n"
+        store._write_text_atomic(self.dir / SUMMARY_TXT, summary)
+        self._line(summary.rstrip())
+        return code
+
+    def _summary(self, records: list[dict[str, Any]], kinds: list[str], seconds: float, code: int) -> str:
+        rows = [["run", "expected", "verdict", "met", "seconds", "anomalies"]]
+        for r, k in zip(records, kinds):
+            m = {junit.PASS: "yes", junit.FAILURE: "NO", junit.ERROR: "error", junit.SKIPPED: "not run"}[k]
+            if r.get("outcome") == "pending":
+                m = "not run"
+            rows.append([r["name"], r.get("expected") or "", r.get("outcome") or "", m,
+                         f"{r.get('seconds') or 0:.0f}", (r.get("anomalies") or r.get("why") or "")[:70]])
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+        n = len(records)
+        counts = {k: kinds.count(k) for k in (junit.PASS, junit.FAILURE, junit.ERROR, junit.SKIPPED)}
+        lines += ["", f"campaign {self.campaign.name}: {n} runs in {_fmt_s(seconds)}: "
+                      f"{counts[junit.PASS]} met their expectation, {counts[junit.FAILURE]} did not, "
+                      f"{counts[junit.ERROR]} unknown or crashed, {counts[junit.SKIPPED]} not run; exit code {code}",
+                  f"folder: {self.dir}", f"junit: {self.opts.junit or self.dir / JUNIT_XML}"]
+        return "\n".join(lines) + "\n"
+
+    def _analyze(self) -> str | None:
+        """`pulsar-chaos analyze` over the campaign's runs, when Spark and Java are there; the page's path."""
+        import importlib.util
+        if importlib.util.find_spec("pyspark") is None or shutil.which("java") is None:
+            self._line("analysis skipped: Spark (pyspark) or Java is not installed (`make setup` installs both)")
+            return None
+        self._line("analysing the runs with Spark ...")
+        with open(self.dir / "logs" / "analyze.log", "ab") as log:
+            p = subprocess.run([sys.executable, "-m", "harness.cli", "analyze", str(self.dir / "runs"),
+                                "--out", str(self.dir)], stdout=log, stderr=subprocess.STDOUT)
+        pages = sorted(self.dir.glob("analysis/*/campaign.html"))
+        if p.returncode != 0 or not pages:
+            self._line(f"warning: the analysis failed (exit {p.returncode}); see {self.dir / 'logs' / 'analyze.log'}")
+            return None
+        return str(pages[-1])
+
+
+def _catalog():
+    from harness.catalog import CATALOG
+    return CATALOG
+
+
+def run(opts: Options, out: TextIO = sys.stdout) -> int:
+    return CampaignRun(opts, out).execute()
