@@ -30,7 +30,8 @@ Anomalies (each names the bundle, the brokers, the times in seconds and the rows
   different brokers whose certain intervals overlap for longer than `lock_tolerance_s` (a split's parent
   and a child held by two brokers at once count); (lock/serve) an op served by broker B while another
   broker's segment covering the topic was certainly held over the whole op window widened by
-  `tolerance_s` on each side.
+  `tolerance_s` on each side, while B still held the topic's lock or its session was possibly alive
+  (B serving after its session certainly ended, with no lock left, is `served-after-session-loss`).
 - `ranges-not-partition` (invalid): a `boundaries` row whose list is not numbers, not strictly
   increasing (overlaps), does not start at 0x00000000 or end at 0xffffffff (gaps at the edges), or
   disagrees with its numBundles.
@@ -46,8 +47,9 @@ Anomalies (each names the bundle, the brokers, the times in seconds and the rows
 - `served-after-session-loss` (informational unless listed in `invalid`): the same, but B's session was
   not certainly alive: Pulsar's default keeps serving what it owns after its ZooKeeper session expired,
   and fencing (the fencing checker) is what keeps the data safe then; a workload that claims
-  `zookeeperSessionExpiredPolicy=shutdown` makes it invalid. Another broker certainly holding the
-  bundle meanwhile is a `double-owner` in any case.
+  `zookeeperSessionExpiredPolicy=shutdown` makes it invalid. Another broker may certainly hold the
+  bundle meanwhile: the old owner does not know its session expired, and the new owner's fencing of
+  the ledger is what stops its writes (the log checker finds any acknowledged message lost).
 - `owner-mismatch` (informational): an ok op of `owner_fs` (the admin API's answer {"bundle", "broker"})
   naming a broker other than the one certainly holding the bundle's lock over its whole window.
 
@@ -595,7 +597,8 @@ def serving_cases(c: _OwnershipCheck, double: Cases, without: Cases, after_loss:
                         mine.append(s)
                 elif s.c0 <= a and b <= s.c1:
                     others.append(s)
-        if others:
+        live = c.session_certainly_live(broker, a, b)
+        if others and (live is not False or mine):
             double.add(lambda inv=inv, ok=ok, broker=broker, signal=signal, others=others, h=h: {
                 "kind": "lock/serve", "topic": ok.key or inv.key, "hash": f"0x{h:08x}",
                 "bundles": sorted({range_name(*s.rng) for s in others}),
@@ -604,7 +607,6 @@ def serving_cases(c: _OwnershipCheck, double: Cases, without: Cases, after_loss:
                 "op": c.ref(ok), "invoke": c.ref(inv), "held_by": [s.json() for s in others]})
         if not mine:
             near = [s for rng in c.ranges_of(ns, h) for s in c.by_ns[ns][rng] if s.broker == broker]
-            live = c.session_certainly_live(broker, a, b)
             regs = c.regs.get(broker, [])
             (without if live is not False else after_loss).add(
                 lambda inv=inv, ok=ok, broker=broker, signal=signal, near=near, h=h, ns=ns, others=others,

@@ -140,7 +140,7 @@ class TestSpec:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v < lo:
                 raise err(name, f"must be a number >= {lo}, not {v!r}", f"set {name} to a number >= {lo}")
-        for name, lo, hi in (("concurrency", 1, 256), ("topics", 1, 64), ("brokers", 1, 9),
+        for name, lo, hi in (("concurrency", 1, 256), ("topics", 1, 1000), ("brokers", 1, 9),
                              ("bookies", 1, 9), ("zookeepers", 1, 5), ("ensemble", 1, 9),
                              ("write_quorum", 1, 9), ("ack_quorum", 1, 9)):
             v = getattr(self, name)

@@ -193,6 +193,32 @@ def test_a_creation_seen_late_counts_from_zookeepers_ctime():
 
 
 @pytest.mark.parametrize("session_lost", [False, True])
+def test_the_old_owner_serving_after_its_session_expired_while_the_new_owner_holds_the_lock(session_lost):
+    """broker-1's session expires at 5 s (its lock and registration go), broker-2 takes the bundle at
+    6 s, broker-1 (cut from ZooKeeper, not knowing) serves at 8 s: Pulsar's keep-serving window, made
+    safe by the new owner's fencing; informational. With broker-1's session alive it is two owners."""
+    h = H()
+    h.registration(0.01, "10.0.0.1:6650")
+    h.registration(0.01, "10.0.0.2:6650", czxid=2)
+    h.lock(0.01, LOW, "10.0.0.1:6650", event="present")
+    h.unlock(5.0, LOW)
+    if session_lost:
+        h.registration(5.0, "10.0.0.1:6650", event="deleted")
+    h.lock(6.0, LOW, "10.0.0.2:6650")
+    h.send(8.0, "broker-1", T_QUARTER)
+    h.stop(10.0)
+    r = check(h.ops)
+    if session_lost:
+        assert r.valid is True and "double-owner" not in r.anomalies, r.anomalies
+        (case,) = r.anomalies["served-after-session-loss"]
+        assert case["served_by"] == "broker-1"
+    else:
+        assert r.valid is False
+        (double,) = r.anomalies["double-owner"]
+        assert double["kind"] == "lock/serve" and double["served_by"] == "broker-1"
+
+
+@pytest.mark.parametrize("session_lost", [False, True])
 def test_serving_without_the_lock_with_and_without_a_live_session(session_lost):
     """broker-1's lock goes at 5 s and it serves at 8 s: with its registration (its session) still
     there that is served-without-lock; with its session gone too it is Pulsar's keep-serving window,
