@@ -50,6 +50,9 @@ Anomalies (each names the bundle, the brokers, the times in seconds and the rows
   `zookeeperSessionExpiredPolicy=shutdown` makes it invalid. Another broker may certainly hold the
   bundle meanwhile: the old owner does not know its session expired, and the new owner's fencing of
   the ledger is what stops its writes (the log checker finds any acknowledged message lost).
+- `assigned-to-dead-broker` (invalid): an `lb-event` assign (the leader's placement of a bundle) naming a
+  broker whose registration was certainly gone at that instant, widened by `tolerance_s` (apache/pulsar#478:
+  a preallocation kept after its broker died). Judged only when registrations were observed.
 - `owner-mismatch` (informational): an ok op of `owner_fs` (the admin API's answer {"bundle", "broker"})
   naming a broker other than the one certainly holding the bundle's lock over its whole window.
 
@@ -68,7 +71,7 @@ from core.observations import (BOUNDARIES, BROKER_REGISTRATION, BUNDLE_LOCK, CHA
                                parse_bundle_name, range_name)
 
 INVALID_BY_DEFAULT = ("double-owner", "ranges-not-partition", "shed-to-owner", "unload-within-grace",
-                      "served-without-lock")
+                      "served-without-lock", "assigned-to-dead-broker")
 ANOMALY_TYPES = INVALID_BY_DEFAULT + ("served-after-session-loss", "owner-mismatch")
 
 DEFAULTS: dict[str, Any] = {
@@ -99,6 +102,7 @@ def check(history: list[Op], opts: dict[str, Any] | None = None) -> CheckResult:
     unload_within_grace_cases(c, cases["unload-within-grace"])
     serving_cases(c, cases["double-owner"], cases["served-without-lock"], cases["served-after-session-loss"])
     owner_mismatch_cases(c, cases["owner-mismatch"])
+    assigned_to_dead_cases(c, cases["assigned-to-dead-broker"])
     unknown = c.why_unknown()
     stats = c.stats()
     stats.update(anomaly_stats(cases))
@@ -540,6 +544,28 @@ def shed_to_owner_cases(c: _OwnershipCheck, cases: Cases) -> None:
                 "lock_holder": holder.json() if holder is not None else None, "reason": v.get("reason"),
                 "leader": c.canon(v.get("leader")) or None, "time_s": round(op.time_ns / 1e9, 6),
                 "event": c.ref(op)})
+
+
+def assigned_to_dead_cases(c: _OwnershipCheck, cases: Cases) -> None:
+    """`assigned-to-dead-broker`: an assign event naming a broker with no registration possibly there."""
+    if not c.regs:
+        return
+    tol = c.tol
+    for op in c.lb_events:
+        v = op.value if isinstance(op.value, dict) else {}
+        if v.get("event") != "assign" or not v.get("destination"):
+            continue
+        dest = c.canon(v.get("destination"))
+        t = op.time_ns
+        regs = c.regs.get(dest, [])
+        if any(r.p0 - tol <= t <= r.p1 + tol for r in regs):
+            continue
+        if c.in_gap_or_outside(t - tol, t + tol) is not None:
+            continue
+        cases.add(lambda op=op, v=v, dest=dest, regs=regs: {
+            "bundle": v.get("bundle") or op.key, "destination": dest, "reason": v.get("reason"),
+            "leader": c.canon(v.get("leader")) or None, "time_s": round(op.time_ns / 1e9, 6),
+            "its_registrations": [r.json() for r in regs[:5]], "event": c.ref(op)})
 
 
 def unload_within_grace_cases(c: _OwnershipCheck, cases: Cases) -> None:

@@ -45,8 +45,9 @@ KNOBS: dict[str, Knob] = {
         False, "load shedding may choose the bundle's current owner as the destination, so the bundle is "
                "unloaded and assigned back to the same broker over and over (apache/pulsar#20822)"),
     "lb.keep_preallocations": Knob(
-        False, "the leader never clears a bundle's preallocation, not even when the broker dies, so it keeps "
-               "assigning the bundle to a dead broker (apache/pulsar#478, #481)"),
+        False, "the leader never releases a bundle's preallocation, neither when the bundle shows in a load report "
+               "nor when its broker dies, so it keeps assigning the bundle to a dead broker (apache/pulsar#478, "
+               "#481)"),
 }
 
 

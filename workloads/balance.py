@@ -40,7 +40,11 @@ threads = log.threads
 def checkers(spec: TestSpec | None = None, extra: dict[str, dict[str, Any]] | None = None
              ) -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
     from checkers import select
-    extra = extra or {}
+    extra = {k: dict(v) for k, v in (extra or {}).items()}
+    if spec is not None:
+        # the grace period the brokers ran with (Pulsar: 30 min), so that a shortened one is not reported
+        grace_min = float(spec.lb_settings.get("loadBalancerSheddingGracePeriodMinutes", 30))
+        extra.setdefault("ownership", {}).setdefault("grace_s", grace_min * 60.0)
     return select({n: extra.get(n, {}) for n in CHECKER_NAMES})
 
 

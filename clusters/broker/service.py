@@ -296,11 +296,17 @@ class BrokerService:
     def topic_fenced(self, topic: str) -> None:
         """Called by a Topic whose ledger was fenced: another broker owns it now."""
         t = self.topics.pop(topic, None)
-        # Someone else owns it now, whatever our (possibly stale) ZooKeeper view says: stop
-        # answering lookups for the bundle with ourselves.
-        self.ownership.owned.discard(self.ownership.bundle(topic))
+        # Someone else owns the bundle now, whatever our (possibly stale) ZooKeeper view says: stop
+        # answering lookups for it with ourselves, and unload its other topics too. A topic of the
+        # bundle left loaded (an idle one: nothing fenced it yet) would go on serving its clients
+        # while the new owner serves it as well; its next write would even land in its open ledger
+        # before the new owner recovers that ledger, and be lost from the new owner's view.
+        bundle = self.ownership.bundle(topic)
+        if bundle in self.ownership.owned or any(self.ownership.bundle(n) == bundle for n in self.topics):
+            self.ownership.owned.discard(bundle)
+            asyncio.get_running_loop().create_task(self._bundle_lost(bundle))
         if t is not None:
-            log.warning("topic %s fenced by a new owner; unloaded", topic)
+            log.warning("topic %s fenced by a new owner; unloaded (with the rest of bundle %s)", topic, bundle)
 
     async def _unload_topic(self, topic: str) -> None:
         t = self.topics.pop(topic, None)

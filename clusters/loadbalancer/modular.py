@@ -377,13 +377,14 @@ class ModularLoadManager:
         self.brokers = {b: d for b, d in regs.items() if reports.get(b) is not None}
         kept = dict(self.load_data.preallocated_bundle_to_broker) if self.keep_preallocations else {}
         gone = self.load_data.update_all_broker_data(reports)
-        if kept:
-            # bug knob lb.keep_preallocations (apache/pulsar#478): a dead broker's preallocations stay
-            for bundle, broker in kept.items():
-                self.load_data.preallocated_bundle_to_broker.setdefault(bundle, broker)
         if gone:
             self._event("brokers-gone", brokers=gone)
         self.load_data.update_bundle_data()
+        if kept:
+            # bug knob lb.keep_preallocations (apache/pulsar#478): preallocations are never released,
+            # neither when the bundle shows in a report nor when the broker dies
+            for bundle, broker in kept.items():
+                self.load_data.preallocated_bundle_to_broker.setdefault(bundle, broker)
 
     # -- the leader's timers -----------------------------------------------------------------------
     async def _leader_loop(self) -> None:

@@ -397,3 +397,25 @@ def test_the_other_checkers_ignore_observer_rows():
             if isinstance(a.stats.get(k), dict) and "orphan_completions" in a.stats[k]:
                 assert a.stats[k]["orphan_completions"] == b.stats[k]["orphan_completions"], name
     assert check(observed).valid is True
+
+
+@pytest.mark.parametrize("dead", [False, True])
+def test_an_assignment_to_a_broker_that_is_gone(dead):
+    """The leader places a bundle on broker-2 at 8 s: fine while broker-2 is registered; a broker whose
+    registration went at 4 s is dead (apache/pulsar#478, a preallocation kept after its broker died)."""
+    h = H()
+    h.registration(0.01, "10.0.0.1:8080")
+    h.registration(0.01, "10.0.0.2:8080", czxid=2)
+    if dead:
+        h.registration(4.0, "10.0.0.2:8080", event="deleted", czxid=2)
+    bundle = f"{NS}/0x00000000_0x80000000"
+    h.obs(8.0, LB_EVENT, bundle, {"event": "assign", "bundle": bundle, "destination": "10.0.0.2:8080",
+                                   "reason": "preallocated", "leader": "10.0.0.1:8080"})
+    h.stop(10.0)
+    r = check(h.ops)
+    if dead:
+        assert r.valid is False
+        (case,) = r.anomalies["assigned-to-dead-broker"]
+        assert case["destination"] == "broker-2" and case["reason"] == "preallocated"
+    else:
+        assert r.valid is True and "assigned-to-dead-broker" not in r.anomalies, r.anomalies
