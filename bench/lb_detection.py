@@ -1,0 +1,76 @@
+"""Detection of the load balancer's bug knobs: each knob's documented scenario, run for N seeds with the knob
+on (must be invalid) and off (must be valid); prints a table and the anomalies that decided each run.
+
+    .venv/bin/python bench/lb_detection.py [--seeds 5] [--knob broker.split_without_cas] [--results DIR]
+
+The runs are ordinary `pulsar-chaos run`s, one after another (clusters on one machine must not overlap);
+each scenario's command line is printed, so any run can be repeated by hand.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PULSAR_CHAOS = REPO / ".venv" / "bin" / "pulsar-chaos"
+
+# knob -> the scenario that reveals it (shortened load-balancer timers under Pulsar's names)
+SCENARIOS: dict[str, list[str]] = {
+    "broker.split_without_cas": [
+        "--workload", "balance", "--nemesis", "split", "--nemesis-interval", "2", "--topics", "40", "--brokers", "3",
+        "--time-limit", "40", "--lb-setting", "loadBalancerReportUpdateMinIntervalMillis=1000"],
+    "lb.keep_preallocations": [
+        "--workload", "balance", "--nemesis", "kill:broker", "--nemesis-interval", "12", "--topics", "40",
+        "--brokers", "3", "--time-limit", "50", "--lb-setting", "loadBalancerReportUpdateMinIntervalMillis=1000"],
+}
+
+
+def run(knob: str, seed: int, on: bool, results: Path) -> dict:
+    argv = [str(PULSAR_CHAOS), "run", *SCENARIOS[knob], "--seed", str(seed),
+            "--results-dir", str(results / ("on" if on else "off")), "--test-name", knob.replace(".", "-")]
+    if on:
+        argv += ["--bug", knob]
+    t = time.monotonic()
+    cp = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    took = time.monotonic() - t
+    run_dir = next((line.split()[1].rstrip(":") for line in cp.stdout.splitlines() if line.startswith("run ")), None)
+    anomalies: dict = {}
+    if run_dir and (Path(run_dir) / "results.json").exists():
+        res = json.loads((Path(run_dir) / "results.json").read_text())
+        anomalies = {k: sorted(c.get("anomalies") or {}) for k, c in res["checkers"].items() if c.get("anomalies")}
+    return {"knob": knob, "seed": seed, "on": on, "exit": cp.returncode, "took_s": round(took, 1),
+            "run_dir": run_dir, "anomalies": anomalies, "argv": " ".join(argv[1:])}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--knob", action="append", choices=sorted(SCENARIOS), default=None)
+    p.add_argument("--results", default="/tmp/pulsar-chaos-lb-detection")
+    args = p.parse_args()
+    results = Path(args.results)
+    rows = []
+    for knob in args.knob or sorted(SCENARIOS):
+        print(f"# {knob}: pulsar-chaos run {' '.join(SCENARIOS[knob])} --seed N [--bug {knob}]", flush=True)
+        for seed in range(1, args.seeds + 1):
+            for on in (True, False):
+                r = run(knob, seed, on, results)
+                rows.append(r)
+                print(f"  seed {seed} knob {'on ' if on else 'off'}: exit {r['exit']} in {r['took_s']} s "
+                      f"{json.dumps(r['anomalies'])}", flush=True)
+    print("\n| knob | caught with the knob (exit 1) | valid without it (exit 0) |")
+    print("|---|---|---|")
+    for knob in args.knob or sorted(SCENARIOS):
+        mine = [r for r in rows if r["knob"] == knob]
+        on = [r for r in mine if r["on"]]
+        off = [r for r in mine if not r["on"]]
+        print(f"| `{knob}` | {sum(r['exit'] == 1 for r in on)}/{len(on)} | {sum(r['exit'] == 0 for r in off)}/{len(off)} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
