@@ -471,7 +471,11 @@ class _Balance:
                                "worst_topic": worst[0]["topic"] if worst else None,
                                "p50_gap_s": rounded(percentile(sorted(g["gap_s"] for g in gaps), 0.5)) if gaps
                                else None,
-                               "open_until_end": sum(1 for g in gaps if g["open_until_end"])},
+                               "open_until_end": sum(1 for g in gaps if g["open_until_end"]),
+                               # the longest beyond the topic's own pace (a topic sent to rarely has long
+                               # gaps with no unload at all)
+                               "worst_excess": max((g for g in gaps if g["excess_s"] is not None),
+                                                   key=lambda g: g["excess_s"], default=None)},
             "unavailability_rows": worst[:cap],
             "moves": moves,
             "load": load,
