@@ -43,6 +43,8 @@ REGISTRY: Registry[Checker] = Registry("checker", {
     "linear": Checker("checkers.linear", "linearizability against a model (opts['model'], default cas-register)"),
     "ownership": Checker("checkers.ownership", "one owner per bundle at a time, boundaries that partition the "
                          "hash space, shedding rules, no serving without the lock", observers=("ownership",)),
+    "balance": Checker("checkers.balance", "load per broker over time, time to a balanced cluster after brokers "
+                       "leave or join, unloads and splits, per-topic unavailability during unloads"),
 })
 
 

@@ -1195,6 +1195,163 @@ def _section_charts(run: Run, a: Analysis, faults: list[Fault], colours: dict[st
     return "".join(o)
 
 
+# The balance checker's move markers: colour and a label for each kind of bundle move.
+MOVE_STYLE = {"unload": ("#6a3d9a", "unload (shedding or admin)"), "split-unload": ("#b35400", "unload of a split's child"),
+              "split": ("#2e7d32", "split")}
+BROKER_PALETTE = ("#1f5aa6", "#b0306b", "#b35400", "#2e7d32", "#6a3d9a", "#00695c", "#7a2e2a", "#4a4f55")
+BROKER_DASHES = ("", "8 4", "2 4", "12 4 2 4", "4 4", "1 3", "", "8 4")
+
+
+def _balance_stats(run: Run) -> dict[str, Any] | None:
+    """The stats of the `balance` checker (checkers/balance.py), when results.json has them."""
+    for name, c in _checkers(run.results or {}):
+        st = c.get("stats")
+        if name == "balance" and isinstance(st, dict) and isinstance(st.get("load"), dict):
+            return st
+    return None
+
+
+def _move_ticks(chart: _Chart, moves: list[Any]) -> list[str]:
+    """Unloads and splits as short vertical ticks at the top of the plot, one colour per kind."""
+    o = []
+    top = chart.mt
+    for m in moves:
+        if not isinstance(m, dict) or not isinstance(m.get("t_s"), (int, float)):
+            continue
+        colour, _ = MOVE_STYLE.get(str(m.get("kind")), ("#4a4f55", ""))
+        x = chart.x(float(m["t_s"]))
+        y0 = top if m.get("kind") == "split" else top + 20       # splits above, unloads below them
+        tip = (f"{m.get('kind')} {m.get('bundle')} at {float(m['t_s']):.3f} s ({m.get('reason')}"
+               + (f", {m.get('source')} -> {m.get('destination')}" if m.get("source") else "") + ")")
+        o.append(f'<line class="move-tick" x1="{x:.1f}" y1="{y0}" x2="{x:.1f}" y2="{y0 + 18}" stroke="{colour}" '
+                 f'stroke-width="2.5"><title>{esc(tip)}</title></line>')
+    return o
+
+
+def _runs(pts: list[tuple[float, float]], max_gap: float) -> list[list[tuple[float, float]]]:
+    """A broker's points cut where its reports stop for longer than max_gap (it was down): no line
+    is drawn across the time it sent nothing."""
+    out: list[list[tuple[float, float]]] = []
+    for p in pts:
+        if out and p[0] - out[-1][-1][0] <= max_gap:
+            out[-1].append(p)
+        else:
+            out.append([p])
+    return out
+
+
+def _load_chart(title: str, y_label: str, key: str, load: dict[str, Any], moves: list[Any], x_max: float,
+                faults: list[Fault], colours: dict[str, str], max_gap: float = 3.0) -> str:
+    series: dict[str, list[tuple[float, float]]] = {}
+    for broker, s in sorted(load.items()):
+        if not isinstance(s, dict):
+            continue
+        ts, vs = s.get("t") or [], s.get(key) or []
+        pts = [(float(t), float(v)) for t, v in zip(ts, vs) if isinstance(t, (int, float)) and
+               isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+        if pts:
+            series[str(broker)] = _downsample(sorted(pts), x_max)
+    if not series:
+        return ""
+    ys = [p[1] for v in series.values() for p in v]
+    chart = _Chart(x_max, 0.0, max(ys) or 1.0, False, faults, colours)
+    body, legend = [], []
+    for i, (b, pts) in enumerate(series.items()):
+        c, d = BROKER_PALETTE[i % len(BROKER_PALETTE)], BROKER_DASHES[i % len(BROKER_DASHES)]
+        for run_pts in _runs(pts, max_gap):
+            body.append(_line_path(chart, run_pts, c, d) if len(run_pts) > 1 else _scatter_path(chart, run_pts, c,
+                                                                                              "circle"))
+        legend.append((b, c, "line", d))
+    body += _move_ticks(chart, moves)
+    kinds = {str(m.get("kind")) for m in moves if isinstance(m, dict)}
+    legend += [(label, colour, "line", "") for k, (colour, label) in MOVE_STYLE.items() if k in kinds]
+    legend += _fault_legend(faults, colours)
+    desc = (f"{title}: one line per broker from its load reports, unloads and splits as ticks at the top, "
+            f"fault periods shaded.")
+    svg = chart.render(title, y_label, body, legend, desc)
+    return (f'<figure class="chart" data-series="{esc(key)}"><figcaption>{esc(title)}: one line per broker (its '
+            f'load reports); ticks at the top mark unloads and splits (hover for the bundle).</figcaption>{svg}'
+            f'</figure>')
+
+
+def _section_balance(run: Run, a: Analysis, faults: list[Fault], colours: dict[str, str]) -> str:
+    """The load balancer: each broker's load over time, time to balanced per scale event, moves and the
+    worst per-topic unavailability, from the balance checker's stats."""
+    st = _balance_stats(run)
+    if st is None:
+        return ""
+    o = ['<section id="balance" aria-labelledby="h-balance"><h2 id="h-balance">Load balance</h2>']
+    load = st.get("load") or {}
+    moves = st.get("moves") if isinstance(st.get("moves"), list) else []
+    x_max = max([a.t_end] + [fl.stop if fl.stop is not None else fl.start for fl in faults] +
+                [t for s in load.values() if isinstance(s, dict) for t in (s.get("t") or [])
+                 if isinstance(t, (int, float))] + [0.0])
+    drawn = [fl for fl in faults if not fl.failed]
+    gap = st.get("report_window_s")
+    gap = float(gap) if isinstance(gap, (int, float)) and not isinstance(gap, bool) and gap > 0 else 3.0
+    charts = [_load_chart("Load per broker (max usage with weight)", "max usage with weight (0..1)", "usage", load,
+                          moves, x_max, drawn, colours, gap),
+              _load_chart("Message rate per broker (in + out)", "messages per second", "msg_rate", load, moves,
+                          x_max, drawn, colours, gap),
+              _load_chart("Topics per broker", "topics", "topics", load, moves, x_max, drawn, colours, gap)]
+    if any(charts):
+        o.extend(c for c in charts if c)
+    else:
+        o.append("<p>No load reports in the history: the brokers logged no <code>load-report</code> events "
+                 "(brokers older than the load-report events, or no load balancer), so there is no load to "
+                 "draw and no time to balanced.</p>")
+    tgt = st.get("target_topic_spread")
+    o.append(f"<p>Balanced: over the brokers with a load report in the last {esc(_compact(st.get('report_window_s')))}"
+             f" s, the spread of max usage with weight at most {esc(_compact(st.get('target_spread')))} and the "
+             f"spread of topic counts at most "
+             + (esc(_compact(tgt)) if tgt is not None else
+                f"{esc(_compact(st.get('topic_spread_fraction')))} &times; their mean (at least one bundle's "
+                f"worth of topics)") + ".</p>")
+    rows = []
+    for e in st.get("scale_events") or []:
+        if not isinstance(e, dict):
+            continue
+        ttb = e.get("balanced_after_s")
+        spreads = (f"usage {e.get('usage_spread')}, topics {e.get('topic_spread')}" if ttb is not None else
+                   f"last: usage {e.get('last_usage_spread')}, topics {e.get('last_topic_spread')}"
+                   if e.get("last_judged_s") is not None else "")
+        rows.append([str(e.get("event")), ", ".join(map(str, e.get("brokers") or [])),
+                     _Secs(e["at_s"]) if isinstance(e.get("at_s"), (int, float)) else "",
+                     _Secs(ttb) if isinstance(ttb, (int, float)) else str(e.get("outcome") or ""),
+                     spreads, "" if e.get("topic_target") is None else e.get("topic_target"),
+                     "" if ttb is None else "yes" if e.get("before_next_event") else "no"])
+    o.append("<h3>Time to balanced after each scale event</h3>")
+    o.append(_table(["event", "brokers", "at (s)", "balanced after (s)", "spreads then", "topic target",
+                     "before the next event"], rows) if rows else "<p>No scale events (brokers leaving or "
+             "joining) in this run.</p>")
+    un = st.get("unavailability") if isinstance(st.get("unavailability"), dict) else {}
+    by_reason = st.get("unloads_by_reason") if isinstance(st.get("unloads_by_reason"), dict) else {}
+    mrows = [["unloads", st.get("unloads", 0)]]
+    mrows += [[f"unloads: {k}", v] for k, v in sorted(by_reason.items())]
+    mrows += [["splits (logged by owners)", st.get("splits", 0)],
+              ["splits decided by the leader", st.get("splits_by_leader", 0)],
+              ["admin splits (nemesis)", st.get("admin_splits", 0)],
+              ["admin unloads (nemesis)", st.get("admin_unloads", 0)]]
+    worst = un.get("worst_gap_s")
+    rows_u = st.get("unavailability_rows") if isinstance(st.get("unavailability_rows"), list) else []
+    w = rows_u[0] if rows_u and isinstance(rows_u[0], dict) else {}
+    mrows.append(["worst per-topic unavailability (s)",
+                  "none measured" if worst is None else
+                  f"{worst} s: {w.get('topic')} (usual gap {w.get('usual_gap_s')} s), {w.get('reason')} unload of "
+                  f"{w.get('bundle')} at {w.get('unload_s')} s"])
+    ex = un.get("worst_excess")
+    if isinstance(ex, dict):
+        mrows.append(["worst excess over the topic's usual gap (s)",
+                      f"{ex.get('excess_s')} s: {ex.get('topic')} (gap {ex.get('gap_s')} s, usual {ex.get('usual_gap_s')}"
+                      f" s), {ex.get('reason')} unload of {ex.get('bundle')} at {ex.get('unload_s')} s"])
+    mrows.append(["median per-topic gap during unloads (s)",
+                  "none measured" if un.get("p50_gap_s") is None else _compact(un.get("p50_gap_s"))])
+    o.append("<h3>Moves and unavailability</h3>")
+    o.append(_table(["", ""], mrows, cls="kv summary"))
+    o.append("</section>")
+    return "".join(o)
+
+
 def _section_faults(a: Analysis, faults: list[Fault], colours: dict[str, str], source: str) -> str:
     o = ['<section id="faults" aria-labelledby="h-faults"><h2 id="h-faults">Fault timeline</h2>']
     if not faults:
@@ -1410,7 +1567,7 @@ def render(run_dir: Path | str) -> Path:
     else:
         faults, fault_source = stats_faults, "the checker's fault_periods"
     colours: dict[str, str] = {}
-    used: set[str] = {"verdict", "summary", "anomalies", "charts", "faults", "spec", "files"}
+    used: set[str] = {"verdict", "summary", "anomalies", "charts", "balance", "faults", "spec", "files"}
 
     v = _verdict((run.results or {}).get("valid")) if run.results is not None else "unknown"
     name = _test_name(run)
@@ -1420,6 +1577,7 @@ def render(run_dir: Path | str) -> Path:
         _section_summary(run, a, faults),
         _section_anomalies(run, used),
         _section_charts(run, a, faults, colours),
+        _section_balance(run, a, faults, colours),
         _section_faults(a, faults, colours, fault_source),
         _section_spec(run),
         _section_files(run),
@@ -1429,7 +1587,8 @@ def render(run_dir: Path | str) -> Path:
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{esc(title)}</title><style>{CSS}</style></head><body>",
         '<nav aria-label="sections"><a href="#verdict">Verdict</a><a href="#summary">Summary</a>'
-        '<a href="#anomalies">Anomalies</a><a href="#charts">Charts</a><a href="#faults">Faults</a>'
+        '<a href="#anomalies">Anomalies</a><a href="#charts">Charts</a>'
+        + ('<a href="#balance">Balance</a>' if _balance_stats(run) is not None else "") + '<a href="#faults">Faults</a>'
         '<a href="#spec">Spec</a><a href="#files">Files</a></nav>',
         f'<main><h1>pulsar-chaos: {esc(name)} <span class="run">{esc(run_dir.name)}</span></h1>',
         *body,

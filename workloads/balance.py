@@ -3,7 +3,9 @@
 Hundreds of topics spread over the namespace's bundles; senders pick topics by a Zipf law (a few hot
 topics, a long tail), consumers read every topic, final reads replay them all, so the log checker
 judges loss and order while bundles move. Every op records the broker that served it (`node`), and
-the `ownership` checker judges the bundles' owners from the ZooKeeper recorder's journal. An optional
+the `ownership` checker judges the bundles' owners from the ZooKeeper recorder's journal, and the
+`balance` checker the load per broker, the time to balance after brokers leave or join and the
+unavailability of the topics of each unloaded bundle. An optional
 hot-spot phase sends most of the traffic to a few topics, so that their bundles split.
 """
 from __future__ import annotations
@@ -30,7 +32,7 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "hot_from": (0.2, "start of the hot-spot phase, as a fraction of the time limit"),
     "hot_until": (0.7, "end of the hot-spot phase, as a fraction of the time limit"),
 }
-CHECKER_NAMES = ("log", "ownership", "perf")
+CHECKER_NAMES = ("log", "ownership", "perf", "balance")
 
 keys = log.keys
 worker_count = log.worker_count

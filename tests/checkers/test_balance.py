@@ -1,0 +1,272 @@
+"""The balance checker on hand-made histories (convergence after scale events, unavailability during
+unloads), and its section of the report."""
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+
+import pytest
+
+from checkers import REGISTRY
+from checkers.balance import check, covers, topic_hash
+from core.history import NEMESIS_PROCESS, OBSERVER_PROCESS, Op
+from core.observations import LB_EVENT, OBSERVE_START
+
+S = 1_000_000_000
+NS = "public/default"
+LOW, HIGH = (0x00000000, 0x80000000), (0x80000000, 0xFFFFFFFF)
+IDS = {"broker-1": "10.0.0.1:8080", "broker-2": "10.0.0.2:8080", "broker-3": "10.0.0.3:8080"}
+
+
+def _topic_in(rng: tuple[int, int], skip: int = 0) -> str:
+    for i in range(10_000):
+        t = f"persistent://{NS}/t{i}"
+        if covers(rng, zlib.crc32(t.encode()) & 0xFFFFFFFF):
+            if skip == 0:
+                return t
+            skip -= 1
+    raise AssertionError("no topic")
+
+
+T_LOW, T_LOW2, T_HIGH = _topic_in(LOW), _topic_in(LOW, 1), _topic_in(HIGH)
+
+
+class H:
+    """A history builder; times in seconds; `ops` sorted by time, indexed."""
+
+    def __init__(self):
+        self._ops: list[Op] = []
+        self.add(Op(process=OBSERVER_PROCESS, type="ok", f=OBSERVE_START, value={
+            "nodes": {n: i.split(":")[0] for n, i in IDS.items()}, "ports": {i: n for n, i in IDS.items()}}), 0.0)
+
+    def add(self, op: Op, at: float) -> Op:
+        op.time_ns = int(at * S)
+        self._ops.append(op)
+        return op
+
+    @property
+    def ops(self) -> list[Op]:
+        out = sorted(self._ops, key=lambda o: o.time_ns)
+        for i, o in enumerate(out):
+            o.index = i
+        return out
+
+    def event(self, at: float, event: str, broker: str, **fields) -> None:
+        v = {"event": event, "broker": IDS[broker], "leader": IDS["broker-1"], "logged_by": broker, **fields}
+        self.add(Op(process=OBSERVER_PROCESS, type="ok", f=LB_EVENT, key=str(fields.get("bundle") or ""), value=v),
+                 at)
+
+    def report(self, at: float, broker: str, usage: float, topics: int, bundles: int = 2, rate: float = 10.0) -> None:
+        self.event(at, "load-report", broker, max_usage_with_weight=usage, numTopics=topics, numBundles=bundles,
+                   msgRateIn=rate, msgRateOut=rate)
+
+    def nemesis(self, at: float, f: str, value=None, done: float | None = None, type_: str = "ok") -> None:
+        self.add(Op(process=NEMESIS_PROCESS, type="invoke", f=f, value=None), at)
+        self.add(Op(process=NEMESIS_PROCESS, type=type_, f=f, value=value), at if done is None else done)
+
+    def send(self, at: float, topic: str, type_: str = "ok", process: int = 0, took: float = 0.01) -> None:
+        self.add(Op(process=process, type="invoke", f="send", key=topic, value=1), at)
+        self.add(Op(process=process, type=type_, f="send", key=topic, value=1), at + took)
+
+
+def _scale_history(converge: bool) -> H:
+    """Three brokers report every second for 30 s; broker-3 leaves at 10 s (scale start). The two left
+    converge (usage and topics even) from 15 s on, or stay apart."""
+    h = H()
+    h.nemesis(10.0, "start-scale", {"node": "broker-3", "mode": "stop", "brokers_left": 2}, done=10.1)
+    for s in range(1, 31):
+        t = float(s)
+        if t < 10:
+            for b, u in (("broker-1", 0.30), ("broker-2", 0.32), ("broker-3", 0.31)):
+                h.report(t + 0.01, b, u, 20)
+        elif converge and t >= 15:
+            h.report(t, "broker-1", 0.40, 30)
+            h.report(t, "broker-2", 0.45, 30)
+        else:
+            h.report(t, "broker-1", 0.70, 45)
+            h.report(t, "broker-2", 0.20, 15)
+        h.send(t + 0.5, T_HIGH)              # a client op through 31 s: the instants are judged until then
+    return h
+
+
+def test_registered_and_asked_for_by_the_balance_workload():
+    from workloads import balance
+    assert "balance" in REGISTRY and REGISTRY["balance"].check is check
+    assert "balance" in balance.CHECKER_NAMES
+
+
+def test_topic_hash_is_crc32_of_the_full_name():
+    assert topic_hash(T_LOW) == (NS, zlib.crc32(T_LOW.encode()) & 0xFFFFFFFF)
+    assert topic_hash(f"persistent://{NS}/p", 2) == (NS, zlib.crc32(f"persistent://{NS}/p-partition-2".encode())
+                                                     & 0xFFFFFFFF)
+    assert covers(HIGH, 0xFFFFFFFF) and not covers(LOW, 0x80000000)
+
+
+def test_converges_after_a_broker_leaves():
+    r = check(_scale_history(converge=True).ops)
+    assert r.valid is True and not r.anomalies
+    (e,) = r.stats["scale_events"]
+    assert e["event"] == "scale start" and e["kind"] == "leave" and e["brokers"] == ["broker-3"]
+    assert e["outcome"] == "balanced"
+    # broker-3's last report (9.01 s) is stale after 3 s, but the two left differ until 15 s
+    assert e["balanced_after_s"] == pytest.approx(15.0 - 10.1, abs=1e-3)
+    assert e["live_brokers"] == ["broker-1", "broker-2"]
+    assert e["usage_spread"] == pytest.approx(0.05) and e["topic_spread"] == 0
+    assert r.stats["time_to_balanced_s"]["balanced"] == 1
+    assert sorted(r.stats["load"]) == ["broker-1", "broker-2", "broker-3"]
+    assert r.stats["load"]["broker-1"]["usage"][0] == 0.30
+
+
+def test_does_not_converge_informational_by_default_invalid_when_required():
+    h = _scale_history(converge=False)
+    r = check(h.ops)
+    (e,) = r.stats["scale_events"]
+    assert e["balanced_after_s"] is None and e["outcome"] == "not balanced by the end"
+    assert e["last_usage_spread"] == pytest.approx(0.5) and e["last_topic_spread"] == 30
+    assert r.valid is True and not r.anomalies            # 60 s runs are short: reported, not an anomaly
+    r = check(h.ops, {"require_convergence": True})
+    assert r.valid is False
+    assert r.anomalies["not-balanced"][0]["brokers"] == ["broker-3"]
+
+
+def test_a_wider_target_spread_accepts_the_same_history():
+    r = check(_scale_history(converge=False).ops, {"target_spread": 0.6, "target_topic_spread": 30})
+    (e,) = r.stats["scale_events"]
+    assert e["outcome"] == "balanced"
+
+
+def test_a_joining_broker_must_report_before_the_cluster_counts_as_balanced():
+    h = H()
+    h.nemesis(5.0, "stop-kill", {"node": "broker-2", "role": "broker", "restarted": True})
+    h.nemesis(1.0, "start-kill", {"node": "broker-2", "role": "broker"})
+    for s in range(1, 20):
+        h.report(float(s), "broker-1", 0.5, 20)
+        if s >= 12:                          # broker-2 reports again from 12 s, already even
+            h.report(float(s), "broker-2", 0.5, 20)
+        h.send(s + 0.5, T_LOW)
+    r = check(h.ops)
+    leave, join = r.stats["scale_events"]
+    assert leave["kind"] == "leave" and leave["balanced_after_s"] == pytest.approx(0.0)
+    assert join["kind"] == "join" and join["balanced_after_s"] == pytest.approx(7.0)
+
+
+def test_no_load_reports_is_unknown_only_when_convergence_is_required():
+    h = H()
+    h.nemesis(1.0, "start-scale", {"node": "broker-1"})
+    assert check(h.ops).valid is True
+    r = check(h.ops, {"require_convergence": True})
+    assert r.valid == "unknown" and r.stats["unknown_because"]
+
+
+def test_unavailability_during_a_shedding_unload():
+    h = H()
+    for t in (1.0, 2.0, 3.0, 4.0):
+        h.send(t, T_LOW)
+        h.send(t, T_HIGH, process=1)
+    h.event(4.5, "unload", "broker-1", bundle=f"{NS}/0x00000000_0x80000000", source=IDS["broker-2"],
+            destination=IDS["broker-3"], reason="shed:ThresholdShedder")
+    h.send(5.0, T_LOW, type_="fail")        # failed while the bundle moved
+    h.send(5.2, T_LOW, type_="info", process=2)
+    h.send(7.0, T_LOW, process=3)           # first ok after: completes at 7.01
+    for t in (5.0, 6.0):
+        h.send(t, T_HIGH, process=1)         # the other bundle is untouched
+    r = check(h.ops)
+    assert r.valid is True
+    assert r.stats["unloads"] == 1 and r.stats["unloads_by_reason"] == {"shed:ThresholdShedder": 1}
+    (g,) = r.stats["unavailability_rows"]
+    assert g["topic"] == T_LOW and g["bundle"] == f"{NS}/0x00000000_0x80000000"
+    assert g["last_ok_before_s"] == pytest.approx(4.01) and g["first_ok_after_s"] == pytest.approx(7.01)
+    assert g["gap_s"] == pytest.approx(3.0) and g["usual_gap_s"] == pytest.approx(1.0)
+    assert g["excess_s"] == pytest.approx(2.0) and g["failed_sends_between"] == 2
+    assert r.stats["unavailability"]["worst_gap_s"] == pytest.approx(3.0)
+    (m,) = r.stats["moves"]
+    assert m["kind"] == "unload" and m["source"] == "broker-2" and m["destination"] == "broker-3"
+    # with a bound on unavailability, the same gap is an anomaly
+    r = check(h.ops, {"max_unavailable_s": 2.5})
+    assert r.valid is False and r.anomalies["long-unavailability"][0]["topic"] == T_LOW
+    assert check(h.ops, {"max_unavailable_s": 3.5}).valid is True
+
+
+def test_admin_unload_and_split_from_the_nemesis():
+    h = H()
+    for t in (1.0, 2.0):
+        h.send(t, T_LOW)
+        h.send(t, T_HIGH, process=1)
+    # an admin unload logs no event: the nemesis op is the episode (its instant: the invoke)
+    h.nemesis(3.0, "start-unload", {"topic": T_HIGH, "bundle": f"{NS}/0x80000000_0xffffffff"}, done=3.2)
+    # an admin split logs split + its children's unloads: those are the episodes, not the op again
+    h.nemesis(4.0, "start-split", {"topics": [T_LOW], "bundles": [f"{NS}/0x00000000_0x80000000"]}, done=4.3)
+    h.event(4.1, "split", "broker-2", bundle=f"{NS}/0x00000000_0x80000000",
+            children=["0x00000000_0x40000000", "0x40000000_0x80000000"], source=IDS["broker-2"], unload=True)
+    h.event(4.11, "unload", "broker-2", bundle=f"{NS}/0x00000000_0x40000000", source=IDS["broker-2"],
+            destination=None, reason="split")
+    h.event(4.12, "unload", "broker-2", bundle=f"{NS}/0x40000000_0x80000000", source=IDS["broker-2"],
+            destination=None, reason="split")
+    h.send(6.0, T_LOW)
+    h.send(5.0, T_HIGH, process=1)
+    r = check(h.ops)
+    assert r.stats["unloads_by_reason"] == {"admin-unload": 1, "split": 2}
+    assert r.stats["splits"] == 1 and r.stats["splits_by_leader"] == 0 and r.stats["admin_splits"] == 1
+    gaps = {g["topic"]: g for g in r.stats["unavailability_rows"]}
+    assert gaps[T_HIGH]["unload_s"] == 3.0 and gaps[T_HIGH]["gap_s"] == pytest.approx(3.0)
+    assert gaps[T_LOW]["reason"] == "split" and gaps[T_LOW]["gap_s"] == pytest.approx(4.0)
+    assert len(r.stats["unavailability_rows"]) == 2          # T_LOW once, from its child's unload
+
+
+def test_a_topic_never_ok_again_is_open_until_its_last_failed_send():
+    h = H()
+    h.send(1.0, T_LOW)
+    h.event(2.0, "unload", "broker-1", bundle=f"{NS}/0x00000000_0x80000000", source=IDS["broker-1"],
+            destination=None, reason="shed:OverloadShedder")
+    h.send(3.0, T_LOW, type_="fail")
+    h.send(9.0, T_LOW, type_="fail", process=1)
+    h.send(1.0, T_LOW2, process=2)           # never tried again after the unload: not judged
+    (g,) = check(h.ops).stats["unavailability_rows"]
+    assert g["topic"] == T_LOW and g["open_until_end"] and g["gap_s"] == pytest.approx(8.0)
+
+
+# ------------------------------------------------------------------------------------ the report
+
+SPEC = """test_name = "bal"
+workload = "balance"
+nemesis = ["scale"]
+time_limit = 30.0
+brokers = 3
+"""
+
+
+def test_the_report_draws_the_load_and_the_table(tmp_path: Path):
+    from harness import report
+    h = _scale_history(converge=True)
+    h.event(16.0, "unload", "broker-1", bundle=f"{NS}/0x00000000_0x80000000", source=IDS["broker-1"],
+            destination=IDS["broker-2"], reason="shed:ThresholdShedder")
+    ops = h.ops
+    r = check(ops)
+    (tmp_path / "test.toml").write_text(SPEC)
+    (tmp_path / "history.jsonl").write_text("".join(json.dumps(o.to_json()) + "\n" for o in ops))
+    (tmp_path / "results.json").write_text(json.dumps({"valid": r.valid, "exit_code": 0, "checkers": {
+        "balance": r.to_json()}}))
+    page = report.render(tmp_path).read_text()
+    sec = page[page.index('<section id="balance"'):]
+    sec = sec[:sec.index("</section>")]
+    assert '<a href="#balance">' in page
+    for series in ("usage", "msg_rate", "topics"):
+        assert f'data-series="{series}"' in sec
+    assert sec.count("<svg") == 3
+    # one line per broker in the legend, the unload as a tick with its bundle, the scale band
+    for b in ("broker-1", "broker-2", "broker-3"):
+        assert f">{b}</text>" in sec
+    assert sec.count('class="move-tick"') == 3 and "shed:ThresholdShedder" in sec
+    assert "fault: scale" in sec
+    # the time-to-balanced table: the scale start, balanced after 4.9 s
+    assert "scale start" in sec and 'data-v="4.9"' in sec
+    assert "worst per-topic unavailability" in sec
+
+
+def test_the_report_has_no_balance_section_without_the_checker(tmp_path: Path):
+    from harness import report
+    (tmp_path / "test.toml").write_text(SPEC)
+    (tmp_path / "results.json").write_text(json.dumps({"valid": True, "exit_code": 0, "checkers": {}}))
+    page = report.render(tmp_path).read_text()
+    assert 'id="balance"' not in page and '#balance' not in page
