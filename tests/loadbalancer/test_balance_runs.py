@@ -32,11 +32,12 @@ def test_balance_under_every_load_moving_fault_is_valid(tmp_path):
 
 
 def test_concurrent_splits_without_cas_are_caught(tmp_path):
-    # two bundles split at once every 3 s: with the knob, one split's boundaries are overwritten, its
-    # parent range is assigned again while the children's owner serves them: two owners
+    # two bundles split at once every 2 s (bench/lb_detection.py's scenario): with the knob, one split's
+    # boundaries are overwritten, its parent range is assigned again while the children's owner serves
+    # them: two owners
     code, res, out, _ = runs.run(
-        tmp_path, prefix="balk", workload="balance", brokers=3, topics=40, time_limit=30.0, seed=1,
-        nemesis=["split"], nemesis_interval=3.0, lb_settings=dict(LB),
+        tmp_path, prefix="balk", workload="balance", brokers=3, topics=40, time_limit=40.0, seed=1,
+        nemesis=["split"], nemesis_interval=2.0, lb_settings={"loadBalancerReportUpdateMinIntervalMillis": 1000},
         bugs={"broker.split_without_cas": True})
     assert code == 1 and res["valid"] is False, (out[-3000:], anomalies(res))
     assert res["checkers"]["ownership"]["anomalies"].get("double-owner"), anomalies(res)
