@@ -265,7 +265,11 @@ class OwnershipRecorder:
                 now = kids or set()
                 for k in sorted(before - now):          # deletions before creations, as ZooKeeper ordered them
                     self._vanished(root, f"{path.rstrip('/')}/{k}", depth)
-                for k in sorted(now - before):
+                # new children, and children seen gone whose name came back (deleted and created again
+                # between two listings: the listing alone shows no difference)
+                back = {k for k in now & before if f"{path.rstrip('/')}/{k}" not in self._seen
+                        and _depth(root, f"{path.rstrip('/')}/{k}") == depth}
+                for k in sorted((now - before) | back):
                     child = f"{path.rstrip('/')}/{k}"
                     if _depth(root, child) == depth:
                         self._read(root, child, f, rescan=False)
@@ -310,11 +314,15 @@ class OwnershipRecorder:
                 return False
             data = None
         else:
-            try:
-                data, stat = zk.get_async(path, watch=self._watch).get(timeout=OP_TIMEOUT_S)
-            except NoNodeError:
-                zk.exists_async(path, watch=self._watch).get(timeout=OP_TIMEOUT_S)   # a leaf root that may come
-                return False
+            for attempt in range(3):
+                try:
+                    data, stat = zk.get_async(path, watch=self._watch).get(timeout=OP_TIMEOUT_S)
+                    break
+                except NoNodeError:
+                    # a leaf that may come; created between the get and this exists, it has a watch on
+                    # its changes only (no creation event will come): read it again
+                    if zk.exists_async(path, watch=self._watch).get(timeout=OP_TIMEOUT_S) is None or attempt == 2:
+                        return False
         old = self._seen.get(path)
         if old is not None and old["czxid"] == stat.czxid and (old["mzxid"] == stat.mzxid
                                                                  or f == BROKER_REGISTRATION):

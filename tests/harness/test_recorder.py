@@ -341,3 +341,24 @@ def test_locks_under_a_namespace_made_while_watching_are_created_not_present(zk_
         b1.stop()
         b1.close()
     assert r.seen(LOW, "created") and not r.seen(LOW, "present")
+
+
+def test_a_lock_seen_gone_whose_name_is_listed_again_is_read_again(zk_server, tmp_path):
+    """A lock deleted and created again between two listings of its namespace (a broker's session expires,
+    another broker locks the bundle at once) shows no difference in the listing; the recorder must still
+    read the name it last saw gone, or the new owner's lock goes unrecorded and its ops look served
+    without a lock."""
+    zk = fresh_chroot(zk_server)
+    b1 = _broker(zk, 1)
+    try:
+        _lock(b1, LOW, 1)
+        with _Recording(zk, tmp_path) as r:
+            _until(lambda: r.seen(LOW, "present"), "the first read")
+            # what the recorder is left with when its read of the deleted lock raced the new creation
+            # (NoNode, then the lock back before the exists-watch): the name seen gone, still listed
+            r.rec._gone(LOW)
+            r.rec._q.put(("path", f"/namespace/{NS}"))
+            _until(lambda: r.seen(LOW, "created"), "the lock read again from the listing")
+    finally:
+        b1.stop()
+        b1.close()
