@@ -43,13 +43,12 @@ from __future__ import annotations
 
 import bisect
 import statistics
-import zlib
 from typing import Any
 
 from checkers.toolkit import Cases, anomalies_of, anomaly_stats, partition_of, percentile, rounded, verdict
 from core import faults as fg
 from core.history import INVOKE, NEMESIS_PROCESS, OBSERVER_PROCESS, OK, CheckResult, Op
-from core.observations import FULL_UPPER, LB_EVENT, OBSERVE_START, parse_bundle_name
+from core.observations import LB_EVENT, OBSERVE_START, covers, overlap, parse_bundle_name, topic_hash
 
 ANOMALY_TYPES = ("not-balanced", "long-unavailability")
 
@@ -115,31 +114,6 @@ def long_unavailability_cases(gaps: list[dict[str, Any]], limit: Any, cases: Cas
 
 
 # ------------------------------------------------------------------------------------ the model
-
-def topic_hash(topic: str, partition: int = -1) -> tuple[str, int] | None:
-    """(tenant/ns, CRC-32 of the full topic name), as Pulsar hashes a topic into its namespace's bundles;
-    partition p is `<topic>-partition-<p>`. None for a key that is not a topic name."""
-    name = topic
-    if partition >= 0 and "-partition-" not in topic.rsplit("/", 1)[-1]:
-        name = f"{topic}-partition-{partition}"
-    rest = name.split("://", 1)[1] if "://" in name else name
-    parts = rest.split("/")
-    if len(parts) < 3 or not all(parts[:3]):
-        return None
-    return f"{parts[0]}/{parts[1]}", zlib.crc32(name.encode()) & 0xFFFFFFFF
-
-
-def covers(rng: tuple[int, int], h: int) -> bool:
-    """Whether range (lower, upper) holds hash h: [lower, upper), the last one [lower, 0xffffffff]."""
-    lo, hi = rng
-    return lo <= h < hi or (hi == FULL_UPPER and h == FULL_UPPER)
-
-
-def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
-    ahi = a[1] + 1 if a[1] == FULL_UPPER else a[1]
-    bhi = b[1] + 1 if b[1] == FULL_UPPER else b[1]
-    return a[0] < bhi and b[0] < ahi
-
 
 def _num(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
@@ -363,7 +337,7 @@ class _Balance:
                 pb = parse_bundle_name(bundle)
                 if pb is None:
                     continue
-                logged = any(x is not None and x[0] == pb[0] and _overlap(x[1], pb[1]) and
+                logged = any(x is not None and x[0] == pb[0] and overlap(x[1], pb[1]) and
                              t0 <= te <= op.time_ns + 1e9 for te, x in ev_unloads)
                 if not logged:
                     eps.append({"t": t0, "bundle": bundle, "by": "nemesis", "reason": kinds[name],

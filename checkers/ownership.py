@@ -61,14 +61,13 @@ recorder did not run) or served ops fall in a namespace whose locks were never s
 """
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
 from checkers.toolkit import Cases, OpRefs, anomalies_of, anomaly_stats, mid_tuple, percentile, verdict
 from core.history import INVOKE, NEMESIS_PROCESS, OBSERVER_PROCESS, OK, CheckResult, Op
 from core.observations import (BOUNDARIES, BROKER_REGISTRATION, BUNDLE_LOCK, CHANGED, CREATED, DELETED, FULL_LOWER, FULL_UPPER,
                                GAP_END, GAP_START, LB_EVENT, LB_LEADER, OBSERVE_START, OBSERVE_STOP, PRESENT,
-                               parse_bundle_name, range_name)
+                               covers, overlap, parse_bundle_name, range_name, topic_hash)
 
 INVALID_BY_DEFAULT = ("double-owner", "ranges-not-partition", "shed-to-owner", "unload-within-grace",
                       "served-without-lock", "assigned-to-dead-broker")
@@ -112,32 +111,6 @@ def check(history: list[Op], opts: dict[str, Any] | None = None) -> CheckResult:
 
 
 # ------------------------------------------------------------------------------------ the model
-
-def covers(rng: tuple[int, int], h: int) -> bool:
-    """Whether bundle range (lower, upper) holds hash h: [lower, upper), the last one [lower, 0xffffffff]."""
-    lo, hi = rng
-    return lo <= h < hi or (hi == FULL_UPPER and h == FULL_UPPER)
-
-
-def overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
-    """Whether two bundle ranges share a hash."""
-    ahi = a[1] + 1 if a[1] == FULL_UPPER else a[1]
-    bhi = b[1] + 1 if b[1] == FULL_UPPER else b[1]
-    return a[0] < bhi and b[0] < ahi
-
-
-def topic_hash(topic: str, partition: int = -1) -> tuple[str, int] | None:
-    """(tenant/ns, CRC-32 of the full topic name) as Pulsar hashes a topic into its bundles; the name of
-    partition p is `<topic>-partition-<p>`. None for a key that is not a topic name."""
-    name = topic
-    if partition >= 0 and "-partition-" not in topic.rsplit("/", 1)[-1]:
-        name = f"{topic}-partition-{partition}"
-    rest = name.split("://", 1)[1] if "://" in name else name
-    parts = rest.split("/")
-    if len(parts) < 3 or not all(parts[:3]):
-        return None
-    return f"{parts[0]}/{parts[1]}", zlib.crc32(name.encode()) & 0xFFFFFFFF
-
 
 class Segment:
     """One incarnation of a lock held by one broker (see the module docstring)."""

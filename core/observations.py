@@ -32,6 +32,7 @@ monotonic time at which the observer learnt it (the same clock as every other op
 from __future__ import annotations
 
 import json
+import zlib
 from typing import Any
 
 from core.history import OBSERVER_PROCESS
@@ -73,6 +74,32 @@ LB_EVENT_FIELDS = {
     "mono_ns": "CLOCK_MONOTONIC of the broker's host when decided (the history's clock on one machine)",
     "wall_ms": "the broker's wall clock, for people",
 }
+
+
+def topic_hash(topic: str, partition: int = -1) -> tuple[str, int] | None:
+    """(tenant/ns, CRC-32 of the full topic name) as Pulsar hashes a topic into its bundles; the name of
+    partition p is `<topic>-partition-<p>`. None for a key that is not a topic name."""
+    name = topic
+    if partition >= 0 and "-partition-" not in topic.rsplit("/", 1)[-1]:
+        name = f"{topic}-partition-{partition}"
+    rest = name.split("://", 1)[1] if "://" in name else name
+    parts = rest.split("/")
+    if len(parts) < 3 or not all(parts[:3]):
+        return None
+    return f"{parts[0]}/{parts[1]}", zlib.crc32(name.encode()) & 0xFFFFFFFF
+
+
+def covers(rng: tuple[int, int], h: int) -> bool:
+    """Whether bundle range (lower, upper) holds hash h: [lower, upper), the last one [lower, 0xffffffff]."""
+    lo, hi = rng
+    return lo <= h < hi or (hi == FULL_UPPER and h == FULL_UPPER)
+
+
+def overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    """Whether two bundle ranges share a hash."""
+    ahi = a[1] + 1 if a[1] == FULL_UPPER else a[1]
+    bhi = b[1] + 1 if b[1] == FULL_UPPER else b[1]
+    return a[0] < bhi and b[0] < ahi
 
 
 def parse_range(name: str) -> tuple[int, int] | None:
