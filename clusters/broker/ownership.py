@@ -13,9 +13,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
+from clusters.broker.policies import decode_json_object
 from clusters.config import BrokerConfig
 from clusters.loadbalancer.bundles import (NAMESPACE_ROOT, Bundle, BundleError, BundleFactory,  # noqa: F401
-                                           NamespaceBundles, bundle_of, bundles_data, local_policies_path,
+                                           NamespaceBundles, bundle_of, bundles_data, default_bundles,
+                                           local_policies_path, parse_bundles_data,
                                            topic_namespace)
 from clusters.metadata.store import BadVersion, MetadataStore, NodeExists, NoNode
 
@@ -123,7 +125,6 @@ class Ownership:
         nb = self.factory.cached(namespace)
         if nb is not None:
             return list(nb.bundles)
-        from clusters.loadbalancer.bundles import default_bundles
         return list(default_bundles(namespace, int(self.cfg.bundles)).bundles)
 
     async def namespace_bundles(self, namespace: str, *, fresh: bool = False) -> NamespaceBundles:
@@ -229,12 +230,15 @@ class Ownership:
             raise BundleError(f"{bundle} is not owned by this broker")
         path = local_policies_path(bundle.namespace)
         for _ in range(BUNDLE_SPLIT_RETRY_LIMIT):
-            nb = await self.factory.load(bundle.namespace)
-            bounds = nb.with_split(bundle, cuts)
-            new = NamespaceBundles(bundle.namespace, bounds, nb.version + 1)
-            children = [b for b in new.bundles if bundle.lower <= b.lower and b.upper <= bundle.upper]
             got = await self.store.get_or_none(path)
-            body = json.loads(got[0]) if got and got[0] else {}
+            if got is None:                       # never read yet: written from the namespace's policies
+                await self.factory.load(bundle.namespace)
+                continue
+            body = decode_json_object(got[0])     # the local policies, their other fields kept
+            nb = NamespaceBundles(bundle.namespace, parse_bundles_data(body.get("bundles")), got[1])
+            bounds = nb.with_split(bundle, cuts)
+            children = [b for b in NamespaceBundles(bundle.namespace, bounds).bundles
+                        if bundle.lower <= b.lower and b.upper <= bundle.upper]
             body["bundles"] = bundles_data(bounds)
             data = json.dumps(body, sort_keys=True).encode()
             lock = await self.store.get_or_none(bundle.path)

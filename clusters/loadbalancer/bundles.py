@@ -21,6 +21,9 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from clusters.broker.policies import decode_json_object
+from clusters.metadata.store import BadVersion, NodeExists
+
 log = logging.getLogger(__name__)
 
 FULL_LOWER = 0x00000000
@@ -216,16 +219,6 @@ def policies_path(namespace: str) -> str:
     return f"{POLICIES_ROOT}/{namespace}"
 
 
-def _json_object(data: bytes | None) -> dict[str, Any]:
-    if not data:
-        return {}
-    try:
-        raw = json.loads(data)
-    except ValueError:
-        return {}
-    return raw if isinstance(raw, dict) else {}
-
-
 class BundleFactory:
     """A broker's view of every namespace's bundles (Pulsar's `NamespaceBundleFactory`): read from the
     local policies once, then kept current by a data watch; `cached()` answers without waiting."""
@@ -253,12 +246,11 @@ class BundleFactory:
     async def load(self, namespace: str) -> NamespaceBundles:
         """Read the local policies (creating them from the namespace policies, or the default layout,
         when missing) and cache them."""
-        from clusters.metadata.store import NodeExists
         path = local_policies_path(namespace)
         for _ in range(5):
             got = await self.store.get_or_none(path)
             if got is not None:
-                raw = _json_object(got[0]).get("bundles")
+                raw = decode_json_object(got[0]).get("bundles")
                 try:
                     nb = NamespaceBundles(namespace, parse_bundles_data(raw), got[1])
                 except BundleError as e:
@@ -268,7 +260,7 @@ class BundleFactory:
                 self._watch(namespace)
                 return nb
             bounds = await self._policy_boundaries(namespace)
-            body = dict(_json_object(None), bundles=bundles_data(bounds))
+            body = {"bundles": bundles_data(bounds)}
             try:
                 await self.store.ensure_path(path.rsplit("/", 1)[0])
                 await self.store.create(path, json.dumps(body, sort_keys=True).encode())
@@ -279,11 +271,10 @@ class BundleFactory:
     async def _policy_boundaries(self, namespace: str) -> list[int]:
         """The namespace policies' bundles (Pulsar's `copyToLocalPolicies`), written there first with
         the default layout when the namespace has none."""
-        from clusters.metadata.store import BadVersion, NodeExists
         path = policies_path(namespace)
         for _ in range(5):
             got = await self.store.get_or_none(path)
-            pol = _json_object(got[0]) if got else {}
+            pol = decode_json_object(got[0] if got else b"")
             if "bundles" in pol:
                 try:
                     return parse_bundles_data(pol["bundles"])
@@ -323,7 +314,7 @@ class BundleFactory:
         def on_data(data: bytes | None, version: int = -1) -> None:
             if data is None:
                 return
-            raw = _json_object(data).get("bundles")
+            raw = decode_json_object(data or b"").get("bundles")
             try:
                 nb = NamespaceBundles(namespace, parse_bundles_data(raw), version)
             except BundleError:
