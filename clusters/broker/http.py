@@ -133,6 +133,9 @@ class AdminHttpServer(HttpServer):
         super().__init__(service.config.host, service.config.http_port)
         self.service = service
         self.cfg = service.config
+        # `pulsar://host:port` -> the admin URL of that broker, from the registrations (a broker keeps
+        # both addresses for life): one scan of /loadbalance/brokers per broker not yet known
+        self._web_urls: dict[str, str] = {}
 
     # -- routing ----------------------------------------------------------------------
     async def route(self, req: Request) -> Response:
@@ -685,10 +688,15 @@ class AdminHttpServer(HttpServer):
         if service_url == self.cfg.service_url:
             return self.cfg.web_url
         hostport = service_url.split("://", 1)[-1].rstrip("/")
+        known = self._web_urls.get(hostport)
+        if known is not None:
+            return known
         try:
             for b in await asyncio.wait_for(self._live_brokers(), ZK_READ_TIMEOUT):
-                if b["id"] == hostport or b["service_url"].split("://", 1)[-1].rstrip("/") == hostport:
-                    return b["web_url"]
+                self._web_urls[b["service_url"].split("://", 1)[-1].rstrip("/")] = b["web_url"]
+                self._web_urls[b["id"]] = b["web_url"]
+            if hostport in self._web_urls:
+                return self._web_urls[hostport]
         except Exception:
             pass                   # no ZooKeeper now: every broker of a cluster shares the port
         host = hostport.rsplit(":", 1)[0]

@@ -46,8 +46,6 @@ class BrokerService:
         self.ownership = Ownership(self.store, cfg, on_lost=self._bundle_lost)
         self.ownership.reactivate_on_failure = bool(self.bug("broker.reactivate_on_release_failure"))
         self.load_manager = load_managers.create(cfg.load_manager, self)
-        self.load_manager.shed_to_owner = bool(self.bug("lb.shed_to_owner"))
-        self.load_manager.keep_preallocations = bool(self.bug("lb.keep_preallocations"))
         self.ownership.assign = self.load_manager.assign
         self.policies = PolicyCache(self.store, cfg)       # namespace policies (clusters/broker/policies.py)
         self.topic_policies = PolicyCache(self.store, cfg, path=topic_policies_path)   # topic overrides

@@ -26,8 +26,17 @@ from collections import deque
 from typing import Any
 
 from clusters.broker.ownership import BROKERS_PATH, Assignment
-from clusters.loadbalancer.bundles import Bundle, BundleError, parse_range, topic_namespace
+from clusters.broker.policies import decode_json_object
+from clusters.httpd import http_request
+from clusters.loadbalancer import splitting
+from clusters.loadbalancer.bundles import Bundle, BundleError, parse_range
+from clusters.loadbalancer.data import (LoadData, LocalBrokerData, NamespaceBundleStats, ResourceUsage,
+                                        need_broker_data_update)
+from clusters.loadbalancer.placement import make_placement_strategy, select_broker
+from clusters.loadbalancer.settings import LoadBalancerSettings
+from clusters.loadbalancer.shedding import make_shedding_strategy, placement_destination, plan_shedding
 from clusters.loadbalancer.signals import HostUsage
+from clusters.loadbalancer.splitting import bundles_to_split
 from clusters.metadata.store import NodeExists, NoNode
 
 log = logging.getLogger(__name__)
@@ -47,7 +56,6 @@ class ModularLoadManager:
     name = "modular"
 
     def __init__(self, service: Any):
-        from clusters.loadbalancer.settings import LoadBalancerSettings
         self.service = service
         cfg = service.config
         self.cfg = cfg
@@ -74,13 +82,12 @@ class ModularLoadManager:
         self.recently_unloaded: dict[str, int] = {}       # bundle -> ms (the grace period)
         self.decisions: deque[dict[str, Any]] = deque(maxlen=500)
         self.counters = {"unload_broker": 0, "unload_bundle": 0, "split": 0, "assign": 0}
-        # bug knobs (clusters/bugs.py): set by BrokerService
-        self.shed_to_owner = False
-        self.keep_preallocations = False
+        # bug knobs (clusters/bugs.py)
+        self.shed_to_owner = bool(service.bug("lb.shed_to_owner"))
+        self.keep_preallocations = bool(service.bug("lb.keep_preallocations"))
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
-        from clusters.loadbalancer.data import LoadData
         self.load_data = LoadData()
         self.store.add_listener(self._on_session)
         await self._register()
@@ -126,7 +133,6 @@ class ModularLoadManager:
     def _local_data(self) -> Any:
         """This broker's LocalBrokerData now: measured usage, and its bundles' stats (the gains and
         losses since the last written report are kept, as Pulsar's LocalBrokerData.update does)."""
-        from clusters.loadbalancer.data import LocalBrokerData, NamespaceBundleStats, ResourceUsage
         svc = self.service
         if self._local is None:
             self._local = LocalBrokerData(webServiceUrl=self.cfg.web_url, pulsarServiceUrl=self.cfg.service_url,
@@ -195,7 +201,6 @@ class ModularLoadManager:
 
     async def _report_loop(self) -> None:
         """LoadReportUpdaterTask: sample the signals, write the report when it changed enough."""
-        from clusters.loadbalancer.data import need_broker_data_update
         while True:
             await asyncio.sleep(self.report_interval_s)
             try:
@@ -271,7 +276,6 @@ class ModularLoadManager:
         if leader != self._is_leader:
             self._event("leader-change", elected=leader)
             if leader:
-                from clusters.loadbalancer.data import LoadData
                 self.load_data = LoadData()
                 self.shedder = None
         self._is_leader = leader
@@ -303,17 +307,17 @@ class ModularLoadManager:
             log.warning("leader election: %s", e)
 
     # -- the brokers ---------------------------------------------------------------------------
+    async def registration(self, broker_id: str) -> dict[str, Any] | None:
+        """One broker's registration (its LocalBrokerData JSON), None if it is not live."""
+        got = await self.store.get_or_none(f"{BROKERS_PATH}/{broker_id}")
+        doc = decode_json_object(got[0] if got else b"")
+        return doc or None
+
     async def available_brokers(self) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
         for key in await self.store.children(BROKERS_PATH):
-            got = await self.store.get_or_none(f"{BROKERS_PATH}/{key}")
-            if got is None:
-                continue
-            try:
-                doc = json.loads(got[0])
-            except ValueError:
-                continue
-            if isinstance(doc, dict):
+            doc = await self.registration(key)
+            if doc is not None:
                 out[key] = doc
         return out
 
@@ -321,8 +325,7 @@ class ModularLoadManager:
     async def assign(self, bundle: Bundle) -> Assignment:
         leader = self._leader
         if not self._is_leader and leader and leader.get("brokerId") != self.broker_id:
-            brokers = await self.available_brokers()
-            reg = brokers.get(str(leader.get("brokerId")))
+            reg = await self.registration(str(leader.get("brokerId")))     # the leader's only
             if reg is not None and reg.get("pulsarServiceUrl"):
                 return Assignment(url=reg["pulsarServiceUrl"], authoritative=False)
         # the leader, or no live leader: decide here (followers then redirect authoritatively)
@@ -337,7 +340,6 @@ class ModularLoadManager:
     async def select_broker(self, bundle: Bundle) -> str | None:
         """The leader's `selectBrokerForAssignment`: affinity first (unload with a destination), then a
         preallocation, then the placement strategy over the live brokers (its choice preallocated)."""
-        from clusters.loadbalancer.placement import select_broker
         await self._refresh()
         name = str(bundle)
         if not self.brokers:
@@ -356,14 +358,12 @@ class ModularLoadManager:
 
     def _placement_strategy(self) -> Any:
         if self.placement is None:
-            from clusters.loadbalancer.placement import make_placement_strategy
             self.placement = make_placement_strategy(self.settings)
         return self.placement
 
     async def _refresh(self) -> None:
         """updateAll: every live broker's report into the load data; dead brokers' data dropped (and
         their preallocations released, unless the bug knob keeps them)."""
-        from clusters.loadbalancer.data import LocalBrokerData
         regs = await self.available_brokers()
         reports: dict[str, Any] = {}
         for b, doc in regs.items():
@@ -410,7 +410,6 @@ class ModularLoadManager:
     async def do_load_shedding(self) -> list[dict[str, Any]]:
         """doLoadShedding: the strategy's bundles, each unloaded towards the placement's choice (never
         the current owner, unless the bug knob), none twice within the grace period."""
-        from clusters.loadbalancer.shedding import make_shedding_strategy, placement_destination, plan_shedding
         if self.shedder is None:
             self.shedder = make_shedding_strategy(self.settings)
         select = placement_destination(self.load_data, self.settings, self.rng, strategy=self._placement_strategy())
@@ -440,10 +439,9 @@ class ModularLoadManager:
         if src == self.broker_id:
             await self.service.unload_bundle(b)
             return
-        reg = self.brokers.get(src) or (await self.available_brokers()).get(src)
+        reg = self.brokers.get(src) or await self.registration(src)
         if reg is None:
             raise RuntimeError(f"broker {src} is not live")
-        from clusters.httpd import http_request
         url = f"{reg.get('webServiceUrl') or reg.get('web_url')}/admin/v2/namespaces/{bundle}/unload"
         status, body = await http_request("PUT", url, 10.0, body=b"")
         if status >= 300:
@@ -454,7 +452,6 @@ class ModularLoadManager:
 
     async def check_namespace_bundle_split(self) -> list[dict[str, Any]]:
         """The leader's BundleSplitterTask: split the bundles over Pulsar's thresholds, on their owners."""
-        from clusters.loadbalancer.splitting import bundles_to_split
         if not (self.settings.loadBalancerAutoBundleSplitEnabled and len(self.brokers) > 1):
             return []
         counts: dict[str, int] = {}
@@ -484,7 +481,6 @@ class ModularLoadManager:
         reg = self.brokers.get(owner or "")
         if reg is None:
             raise RuntimeError(f"owner {owner} of {bundle} is not live")
-        from clusters.httpd import http_request
         url = (f"{reg.get('webServiceUrl')}/admin/v2/namespaces/{bundle}/split"
                f"?unload={'true' if unload else 'false'}&splitAlgorithmName={algo}")
         status, body = await http_request("PUT", url, 10.0, body=b"")
@@ -494,7 +490,6 @@ class ModularLoadManager:
     # -- splitting on the owner ---------------------------------------------------------------------
     async def split(self, bundle: Bundle, algorithm: str | None, positions: list[int] | None,
                     unload: bool) -> list[Bundle]:
-        from clusters.loadbalancer import splitting
         svc = self.service
         algo = algorithm or self.settings.defaultNamespaceBundleSplitAlgorithm
         if algo not in self.settings.supportedNamespaceBundleSplitAlgorithms:
@@ -537,6 +532,3 @@ class ModularLoadManager:
         except (TypeError, ValueError):
             decisions_log.info("LB_EVENT %s", json.dumps({k: str(v) for k, v in doc.items()}))
 
-
-def namespace_of(bundle: str) -> str:
-    return topic_namespace(f"persistent://{bundle}/x")[0]
