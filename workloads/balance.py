@@ -17,11 +17,9 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from core.history import Journal
 from core.spec import TestSpec
 from workloads import base, log
 from workloads.base import Context, Planned
-from workloads.pulsar_client import Session, final_reads, receive, send, session_for
 
 DESCRIPTION = ("many topics with Zipf-skewed rates (an optional hot-spot phase), a producer and consumer per "
                "topic, final reads; judged by the log and ownership checkers while load moves")
@@ -80,26 +78,10 @@ def generator(spec: TestSpec, thread: log.Thread, topics: list[Any]) -> Iterator
         yield Planned("send", key, (thread.index + 1) * base.VALUE_STRIDE + n, delay)
 
 
-def run_thread(session: Session, spec: TestSpec, thread: log.Thread, topics: list[str], journal: Journal,
-               deadline: float, stop: threading.Event) -> None:
-    """Perform the thread's ops until the deadline; producers and consumers are made on first use
-    (one per topic and thread), not up front: there are hundreds of topics."""
-    def perform(planned: Planned, process: int) -> tuple[str, dict[str, Any]]:
-        if planned.f == "send":
-            return send(session, planned.key, thread.batched, planned.value)
-        return receive(session, planned.key)[:2]
-    ctx = Context(run_dir=None, spec=spec, cluster={}, keys=topics, journal=journal,  # type: ignore[arg-type]
-                  stop=stop, deadline=deadline)
-    base.drive(ctx, thread.index, spec.concurrency, generator(spec, thread, topics), perform)
-
-
 def start(ctx: Context) -> list[threading.Thread]:
-    session = session_for(ctx)
-    mine = [t for t in threads(ctx.spec, ctx.workers) if t.worker == ctx.worker]
-    return base.start_threads(ctx, [(f"thread-{t.index}", lambda t=t: run_thread(
-        session, ctx.spec, t, ctx.keys, ctx.journal, ctx.deadline, ctx.stop)) for t in mine])
+    """The log workload's threads on this plan; producers and consumers made on first use (one per
+    topic and thread), not up front: there are hundreds of topics."""
+    return log.start(ctx, plan_for=lambda t: generator(ctx.spec, t, ctx.keys), warm=False)
 
 
-def start_final(ctx: Context) -> list[threading.Thread]:
-    return base.start_threads(ctx, final_reads(ctx, session_for(ctx)))
-
+start_final = log.start_final

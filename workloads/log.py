@@ -84,11 +84,13 @@ def generator(spec: TestSpec, thread: Thread, topics: list[str] | None = None) -
 
 def run_thread(session: Session, spec: TestSpec, thread: Thread, topics: list[str], journal: Journal,
                deadline: float, stop: threading.Event,
-               on_op: Callable[[Op], None] | None = None) -> None:
-    """Perform the thread's ops until `deadline` (time.monotonic()) or `stop`. A process whose op ended
-    info is retired; the thread continues as process + concurrency."""
-    # make producers/consumers before the first op, so the first ops measure the system, not set-up
-    for t in thread.topics:
+               on_op: Callable[[Op], None] | None = None, *,
+               plan: Iterator[Planned] | None = None, warm: bool = True) -> None:
+    """Perform the thread's ops (`plan`, this workload's `generator` by default) until `deadline`
+    (time.monotonic()) or `stop`. A process whose op ended info is retired; the thread continues as
+    process + concurrency. `warm`: make the thread's producers/consumers before its first op, so the
+    first ops measure the system, not set-up (a workload of hundreds of topics makes them on first use)."""
+    for t in thread.topics if warm else ():
         if stop.is_set() or time.monotonic() >= deadline:
             break
         try:
@@ -105,14 +107,18 @@ def run_thread(session: Session, spec: TestSpec, thread: Thread, topics: list[st
         return receive(session, planned.key)[:2]
     ctx = Context(run_dir=None, spec=spec, cluster={}, keys=topics, journal=journal,  # type: ignore[arg-type]
                   stop=stop, deadline=deadline)
-    base.drive(ctx, thread.index, spec.concurrency, generator(spec, thread, topics), perform, on_op)
+    base.drive(ctx, thread.index, spec.concurrency, plan if plan is not None else generator(spec, thread, topics),
+               perform, on_op)
 
 
-def start(ctx: Context) -> list[threading.Thread]:
+def start(ctx: Context, plan_for: Callable[[Thread], Iterator[Planned]] | None = None,
+          warm: bool = True) -> list[threading.Thread]:
+    """This worker's threads; `plan_for(thread)` replaces the generator (the balance workload's)."""
     session = session_for(ctx)
     mine = [t for t in threads(ctx.spec, ctx.workers) if t.worker == ctx.worker]
     return base.start_threads(ctx, [(f"thread-{t.index}", lambda t=t: run_thread(
-        session, ctx.spec, t, ctx.keys, ctx.journal, ctx.deadline, ctx.stop)) for t in mine])
+        session, ctx.spec, t, ctx.keys, ctx.journal, ctx.deadline, ctx.stop,
+        plan=plan_for(t) if plan_for is not None else None, warm=warm)) for t in mine])
 
 
 def start_final(ctx: Context) -> list[threading.Thread]:
