@@ -6,16 +6,14 @@ One cluster for the module. Load-balancer timers are shortened through Pulsar's 
 """
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.request
 import uuid
 from typing import Any
 
 import pytest
 
 from clusters.loadbalancer.bundles import FULL_UPPER, NamespaceBundles, initial_boundaries, parse_bundles_data
+from tests.conformance.conftest import Admin
 from tests.netns import netns_cluster, pulsar_client
 
 pytestmark = pytest.mark.integration
@@ -34,20 +32,9 @@ def cluster():
         yield c
 
 
-def call(cluster: Any, method: str, path: str, body: Any = None, *, broker: int = 0,
-         timeout: float = 30.0) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(cluster.admin_urls[broker] + path, data=data, method=method,
-                                 headers={"Content-Type": "application/json"} if data is not None else {})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            status, text = r.status, r.read()
-    except urllib.error.HTTPError as e:
-        status, text = e.code, e.read()
-    try:
-        return status, json.loads(text) if text else None
-    except ValueError:
-        return status, text.decode(errors="replace")
+def call(cluster: Any, method: str, path: str, body: Any = None, **kw: Any) -> tuple[int, Any]:
+    """The conformance suite's admin client on this module's cluster: (status, JSON or text)."""
+    return Admin(cluster).call(method, path, body, **kw)
 
 
 def wait_for(fn, timeout: float, what: str, interval: float = 0.2):
