@@ -77,6 +77,19 @@ def _select_until(cands: list[tuple[str, float]], target: float) -> list[str]:
     return chosen
 
 
+def _offload(load_data: LoadData, broker: str, local: Any, to_offload: float, res: "ShedderResult",
+             rec: dict[str, Any]) -> None:
+    """An overloaded broker's bundles by descending short-term throughput until `to_offload` (at least
+    one); a broker with a single bundle keeps it (both ThresholdShedder and OverloadShedder)."""
+    if len(local.bundles) > 1:
+        picked = _select_until(_candidates(load_data, broker, _short_term_throughput), to_offload)
+        res.unloads += [(broker, b) for b in picked]
+        rec["action"] = "overloaded"
+        rec["bundles"] = picked
+    else:
+        rec["action"] = "sole-bundle" if local.bundles else "no-bundles"
+
+
 class ThresholdShedder:
     name = "ThresholdShedder"
 
@@ -122,13 +135,7 @@ class ThresholdShedder:
             if to_offload < min_throughput:
                 rec["action"] = "below-min-throughput"
                 continue
-            if len(local.bundles) > 1:
-                picked = _select_until(_candidates(load_data, broker, _short_term_throughput), to_offload)
-                res.unloads += [(broker, b) for b in picked]
-                rec["action"] = "overloaded"
-                rec["bundles"] = picked
-            else:
-                rec["action"] = "sole-bundle" if local.bundles else "no-bundles"
+            _offload(load_data, broker, local, to_offload, res, rec)
         if not res.unloads and settings.lowerBoundarySheddingEnabled:
             self._lower_boundary(load_data, settings, res)
         return res
@@ -181,13 +188,7 @@ class OverloadShedder:
             to_offload = (local.msgThroughputIn + local.msgThroughputOut) * (
                 usage - threshold + ADDITIONAL_THRESHOLD_PERCENT_MARGIN)
             rec["to_offload"] = to_offload
-            if len(local.bundles) > 1:
-                picked = _select_until(_candidates(load_data, broker, _short_term_throughput), to_offload)
-                res.unloads += [(broker, b) for b in picked]
-                rec["action"] = "overloaded"
-                rec["bundles"] = picked
-            else:
-                rec["action"] = "sole-bundle" if local.bundles else "no-bundles"
+            _offload(load_data, broker, local, to_offload, res, rec)
         return res
 
 
