@@ -26,6 +26,20 @@ SCENARIOS: dict[str, list[str]] = {
     "lb.keep_preallocations": [
         "--workload", "balance", "--nemesis", "kill:broker", "--nemesis-interval", "12", "--topics", "40",
         "--brokers", "3", "--time-limit", "50", "--lb-setting", "loadBalancerReportUpdateMinIntervalMillis=1000"],
+    # each unload's lock delete is carried out by ZooKeeper, its answer never reaches the owner
+    "broker.reactivate_on_release_failure": [
+        "--workload", "balance", "--nemesis", "unload:lost-answer", "--nemesis-interval", "10", "--topics", "40",
+        "--brokers", "3", "--time-limit", "45", "--lb-setting", "loadBalancerReportUpdateMinIntervalMillis=1000"],
+    # every broker counts as overloaded for placement (so the destination is drawn among all of them, the
+    # owner included when the knob lets it in), and ThresholdShedder sheds above mean + 2 % of 12 bundles
+    "lb.shed_to_owner": [
+        "--workload", "balance", "--nemesis", "none", "--topics", "40", "--brokers", "3", "--time-limit", "45",
+        "--lb-setting", "loadBalancerReportUpdateMinIntervalMillis=1000",
+        "--lb-setting", "loadBalancerSheddingIntervalMinutes=0.1",
+        "--lb-setting", "defaultNumberOfNamespaceBundles=12",
+        "--lb-setting", "loadBalancerBrokerOverloadedThresholdPercentage=1",
+        "--lb-setting", "loadBalancerBrokerThresholdShedderPercentage=2",
+        "--lb-setting", "loadBalancerBundleUnloadMinThroughputThreshold=0"],
 }
 
 

@@ -63,7 +63,7 @@ class BrokerConfig(NodeConfig):
     # this broker's limits, against which its measured load is a percentage (signals.py)
     cpu_cores: float = 1.0                  # Pulsar: availableProcessors / the cgroup quota
     memory_limit_mb: float = 1024.0         # Pulsar: the JVM's max heap
-    nic_speed_gbps: float = 1.0             # loadBalancerOverrideBrokerNicSpeedGbps
+    nic_speed_gbps: float = 1.0             # the link; the setting loadBalancerOverrideBrokerNicSpeedGbps overrides it
     max_entries_per_ledger: int = 50000
     max_ledger_size_mb: int = 256
     max_ledger_age_s: float = 4 * 3600.0    # managedLedgerMaxLedgerRolloverTimeMinutes (also a timer)
@@ -97,6 +97,11 @@ class BrokerConfig(NodeConfig):
     default_retention_size_mb: int = 0
     default_message_ttl_s: int = 0
     deduplication_enabled: bool = False
+
+    def __post_init__(self) -> None:
+        # the setting under Pulsar's name, when given, is the bundles of a new namespace
+        if "defaultNumberOfNamespaceBundles" in self.load_balancer:
+            self.bundles = int(self.load_balancer["defaultNumberOfNamespaceBundles"])
 
     @property
     def service_url(self) -> str:

@@ -3,8 +3,13 @@ unloads and splits, through Pulsar's admin API on any live broker.
 
 - `scale` (`scale:kill`): a running broker leaves, gracefully (stop: it unloads its bundles and
   unregisters) or killed; the stop brings it back, a broker joining the cluster with no bundles.
-- `unload` (`unload:dest`): the bundle of a random workload topic unloaded; with `dest`, towards a
-  random other live broker (`destinationBroker`, the leader's bundle affinity).
+- `unload` (`unload:dest`, `unload:lost-answer`): the bundle of a random workload topic unloaded; with
+  `dest`, towards a random other live broker (`destinationBroker`, the leader's bundle affinity); with
+  `lost-answer`, ZooKeeper carries out the owner's delete of the bundle's lock but the answer never
+  reaches the owner: the owner's ZooKeeper connection that carries the delete hears nothing more (a
+  one-way cut armed by the request's bytes, `Cluster.deafen(trigger=...)`), so its client gives that
+  connection up after 2/3 of a session timeout (the delete fails, its outcome unknown) and reconnects
+  within the session. The stop disarms the cut.
 - `split` (`split:ALGORITHM`): the bundles of two random workload topics split at the same moment (as
   concurrent admin calls, or an admin split beside the leader's split task, do), each on its owner,
   with Pulsar's split algorithm (range_equally_divide by default), their children unloaded.
@@ -14,6 +19,7 @@ Unloads and splits are instants: `stop` has nothing to undo.
 from __future__ import annotations
 
 import json
+import struct
 import urllib.error
 import urllib.request
 from typing import Any
@@ -22,6 +28,7 @@ from urllib.parse import quote
 from nemesis.base import _OPENER, Nemesis, NemesisContext, NemesisError
 
 ADMIN_TIMEOUT = 15.0
+ZK_DELETE = 2                         # ZooKeeper's OpCode.delete
 SPLIT_ALGORITHMS = ("range_equally_divide", "topic_count_equally_divide", "flow_or_qps_equally_divide")
 MIN_BROKERS_LEFT = 1
 
@@ -134,9 +141,34 @@ class UnloadNemesis(_BundleNemesis):
 
     def __init__(self, mode: str | None = None):
         super().__init__()
-        if mode not in (None, "dest"):
-            raise ValueError(f"unload:{mode}: write unload, or unload:dest for a random destination broker")
+        if mode not in (None, "dest", "lost-answer"):
+            raise ValueError(f"unload:{mode}: write unload, unload:dest for a random destination broker, or "
+                             "unload:lost-answer for a lock delete whose answer the owner never gets")
         self.dest = mode == "dest"
+        self.lost_answer = mode == "lost-answer"
+        self._trigger = b""
+
+    def _arm(self, ctx: NemesisContext, topic: str, bundle: str, value: dict[str, Any]) -> None:
+        """Arm the owner's one-way cut from ZooKeeper on its delete request of the bundle's lock (the
+        request's bytes: the opcode, the path's length and the path)."""
+        zks = ctx.names("zookeeper")
+        if not zks:
+            raise NemesisError("unload:lost-answer: the cluster has no ZooKeeper nodes")
+        owner = ctx.owner_of(topic)
+        path = f"/namespace/{bundle}".encode()
+        trigger = struct.pack(">ii", ZK_DELETE, len(path)) + path
+        value.update(owner=owner, lock=path.decode(), deaf={"node": owner, "peers": zks})
+        self.applied = value                 # before the side effect, so a half-done start is undone
+        self._trigger = trigger
+        ctx.cluster.deafen(owner, zks, trigger=trigger)
+
+    def stop(self, ctx: NemesisContext) -> dict[str, Any]:
+        armed = (self.applied or {}).get("deaf")
+        self.applied = None
+        if not armed:
+            return {}
+        ctx.cluster.undeafen(armed["node"], armed["peers"], trigger=self._trigger)
+        return {"disarmed": armed["node"]}
 
     def start(self, ctx: NemesisContext, plan: dict[str, Any] | None = None) -> dict[str, Any]:
         self._check_idle()
@@ -152,10 +184,12 @@ class UnloadNemesis(_BundleNemesis):
             query = f"?destinationBroker={quote(dest)}"
             value["destination"] = dest
         self.applied = value
+        if self.lost_answer:
+            self._arm(ctx, plan["topic"], bundle, value)
         status, data, via = admin_call(ctx, "PUT", f"/admin/v2/namespaces/{bundle}/unload{query}")
-        if status >= 300:
+        if status >= 300 and not self.lost_answer:
             raise NemesisError(f"unload {bundle}: HTTP {status}: {_reason(data)}")
-        value["via"] = via
+        value.update(via=via, status=status)
         return value
 
 

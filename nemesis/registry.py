@@ -107,7 +107,8 @@ REGISTRY: Registry[Fault] = Registry("nemesis", {
     "scale": Fault(lambda p: ScaleNemesis(p), "a random broker leaves (MODE stop: gracefully, the default; kill) "
                    "and joins again at the stop, with no bundles", "MODE", colour="#9FC5E8"),
     "unload": Fault(lambda p: UnloadNemesis(p), "the bundle of a random topic unloaded through the admin API "
-                    "(MODE dest: towards a random broker, destinationBroker)", "MODE", colour="#F6D8AE"),
+                    "(MODE dest: towards a random broker, destinationBroker; lost-answer: ZooKeeper carries out the "
+                    "owner's delete of the lock, the answer never arrives)", "MODE", colour="#F6D8AE"),
     "split": Fault(lambda p: SplitNemesis(p), "the bundle of a random topic split on its owner (ALGORITHM: "
                    "range_equally_divide by default) and its children unloaded", "ALGORITHM", colour="#D5A6BD"),
 })

@@ -206,10 +206,11 @@ class Ownership:
                 # bug knob broker.reactivate_on_release_failure (apache/pulsar#7517; #24478 family):
                 # the delete failed (its outcome unknown: the lock may be gone), and the broker
                 # re-activates the bundle and serves it again, while another broker may take it
-                log.warning("releasing bundle %s failed (%s); re-activating it (bug knob)", bundle, e)
+                log.warning("releasing bundle %s failed (%s: %s); re-activating it (bug knob)", bundle,
+                            type(e).__name__, e)
                 self.owned.add(bundle)
                 return False
-            log.warning("releasing bundle %s: %s", bundle, e)
+            log.warning("releasing bundle %s: %s: %s", bundle, type(e).__name__, e)
             return False
 
     async def release_all(self) -> None:
@@ -277,7 +278,9 @@ class Ownership:
         except ValueError as e:
             return LookupResult("failed", error="InvalidTopicName", message=str(e))
         bundle = self.bundle(topic)
-        if bundle in self.owned and (self._session_lost or not self.store.connected):
+        if bundle in self.owned:
+            # a bundle this broker owns is answered from its own ownership cache, not ZooKeeper (Pulsar's
+            # OwnershipCache.getOwnerAsync), also while the session is gone (Pulsar keeps serving)
             return LookupResult("connect", self.cfg.service_url, True)
         try:
             bundle = await self.bundle_for(topic)

@@ -182,6 +182,20 @@ class Cluster(abc.ABC):
         partition still in force holds them (each drop edge is counted per call)."""
         raise Unsupported(f"{type(self).__name__} cannot undo one partition alone", "heal() undoes all")
 
+    def deafen(self, node: str, peers: Iterable[str], *, trigger: bytes | None = None) -> None:
+        """Make `node` drop every packet the `peers` send it, one way: what it sends them still arrives
+        (its requests are carried out, their answers never reach it). Counted per call like partitions.
+
+        With `trigger`, only one connection goes deaf: the one on which `node` sends a peer a packet
+        that contains those bytes (a request of one kind on one path, say) hears nothing more from that
+        peer from then on, that packet's answer included; a new connection is not affected. Armed
+        until undone."""
+        raise Unsupported(f"{type(self).__name__} has no one-way cuts")
+
+    def undeafen(self, node: str, peers: Iterable[str], *, trigger: bytes | None = None) -> None:
+        """Undo one earlier `deafen(node, peers, ...)` call (the same arguments)."""
+        raise Unsupported(f"{type(self).__name__} cannot undo one one-way cut alone", "heal() undoes all")
+
     def flaky(self, src: str, dst: str, p: float) -> None:
         """Make src drop a fraction p of the packets it exchanges with dst (both directions)."""
         raise Unsupported(f"{type(self).__name__} has no flaky links")

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Iterable
 
 from clusters import config as node_config
 from clusters import zookeeper
@@ -66,6 +66,11 @@ class Seen:
     exit_code: int | None = None    # once it has exited, when known
     host: bool = True               # the node's host (namespace, container) exists
     word: str = "dead"              # what `status()` says of it when it is not alive
+
+
+def _connmark(peer: str, trigger_hex: str) -> str:
+    """The connection mark of one armed one-way cut (nonzero, 32 bits, from the peer and the trigger)."""
+    return f"{int(hashlib.sha1(f'{peer}|{trigger_hex}'.encode()).hexdigest()[:8], 16) | 1:#x}"
 
 
 class StateFileCluster(StateInventory, Cluster):
@@ -278,7 +283,8 @@ class StateFileCluster(StateInventory, Cluster):
             "admin_urls": [f"http://{a}" for a in self._addresses("broker", "http", state)],
             "zk_connect": ",".join(self._addresses("zookeeper", "client", state)),
             "subnet": state["subnet"], "host_address": state["host_address"], "spec": state["spec"],
-            "nodes": nodes, "partitions": state["drops"], "flaky": state["flaky"], "clients": state["clients"],
+            "nodes": nodes, "partitions": state["drops"], "one_way": state.get("inbound", []), "flaky": state["flaky"],
+            "clients": state["clients"],
             **self._status_extra(state),
         }
 
@@ -461,6 +467,7 @@ class StateFileCluster(StateInventory, Cluster):
         state["status"] = "down"
         state["down_at"] = statefile.now()
         state["drops"], state["flaky"], state["drop_counts"] = [], [], {}
+        state["inbound"], state["inbound_counts"], state["inbound_on"] = [], {}, []
         if left:
             state["left_running"] = left
         return left
@@ -609,13 +616,25 @@ class StateFileCluster(StateInventory, Cluster):
 
     def _chain_rules(self, state: dict[str, Any], name: str) -> list[str]:
         """The node's PCHAOS rules as the state records them: each drop edge and flaky link it holds,
-        both directions (a flaky link drops at random with its probability)."""
+        both directions (a flaky link drops at random with its probability), and each one-way cut
+        (what b sends a)."""
         out = []
         for a, b, *p in [*state["drops"], *state["flaky"]]:
             if a == name:
                 ip = self._address(state, b)
                 match = f" -m statistic --mode random --probability {p[0]:.6f}" if p else ""
                 out += [f"-A {CHAIN} -s {ip}/32{match} -j DROP", f"-A {CHAIN} -d {ip}/32{match} -j DROP"]
+        for a, b in state.get("inbound", []):
+            if a == name:
+                out.append(f"-A {CHAIN} -s {self._address(state, b)}/32 -j DROP")
+        for a, b, trigger in state.get("inbound_on", []):
+            if a == name:
+                # the connection on which a sends b the trigger's bytes is marked; b's packets on a marked
+                # connection are dropped, so that connection hears nothing more (a new one works)
+                ip, mark = self._address(state, b), _connmark(b, trigger)
+                out += [f"-A {CHAIN} -d {ip}/32 -m string --algo bm --hex-string |{trigger}| "
+                        f"-j CONNMARK --set-mark {mark}",
+                        f"-A {CHAIN} -s {ip}/32 -m connmark --mark {mark} -j DROP"]
         return out
 
     def partition(self, grudge: Grudge) -> None:
@@ -629,6 +648,36 @@ class StateFileCluster(StateInventory, Cluster):
         with self._txn() as state:
             edges = sorted(set(self._resolve_edges(state, grudge_edges(grudge))))
             self._sync_rules(state, {a for a, _ in statefile.count_drops(state, edges, -1)})
+
+    def deafen(self, node: str, peers: Iterable[str], *, trigger: bytes | None = None) -> None:
+        edges, entry = self._deaf_edges(node, peers, trigger, "deafen")
+        with self._txn() as state:
+            edges = sorted({self._link(state, a, b, "deafen") for a, b in edges})
+            if entry is None:
+                self._sync_rules(state, {a for a, _ in statefile.count_drops(state, edges, +1, "inbound")})
+                return
+            held = state.setdefault("inbound_on", [])
+            held.extend([a, b, entry] for a, b in edges if [a, b, entry] not in held)
+            self._sync_rules(state, {a for a, _ in edges})
+
+    def undeafen(self, node: str, peers: Iterable[str], *, trigger: bytes | None = None) -> None:
+        edges, entry = self._deaf_edges(node, peers, trigger, "undeafen")
+        with self._txn() as state:
+            edges = sorted({self._link(state, a, b, "undeafen") for a, b in edges})
+            if entry is None:
+                self._sync_rules(state, {a for a, _ in statefile.count_drops(state, edges, -1, "inbound")})
+                return
+            state["inbound_on"] = [e for e in state.get("inbound_on", []) if e[2] != entry or tuple(e[:2]) not in edges]
+            self._sync_rules(state, {a for a, _ in edges})
+
+    @staticmethod
+    def _deaf_edges(node: str, peers: Iterable[str], trigger: bytes | None,
+                    what: str) -> tuple[list[tuple[str, str]], str | None]:
+        if node == HOST:
+            raise ClusterError(f"{what} needs a node of the cluster, not the host", "name a node; the host may be a peer")
+        if trigger is not None and not trigger:
+            raise ClusterError(f"{what}: the trigger is empty", "give the bytes a request carries, e.g. its path")
+        return [(node, peer) for peer in sorted(set(peers))], (trigger.hex() if trigger is not None else None)
 
     def flaky(self, src: str, dst: str, p: float) -> None:
         if not 0.0 < p <= 1.0:
@@ -652,6 +701,7 @@ class StateFileCluster(StateInventory, Cluster):
     def heal(self) -> None:
         with self._txn() as state:
             state["drops"], state["flaky"], state["drop_counts"] = [], [], {}
+            state["inbound"], state["inbound_counts"], state["inbound_on"] = [], {}, []
             self._sync_rules(state, state["nodes"])
 
     # ================================================================ hooks a backend implements

@@ -58,13 +58,15 @@ def last_line(path: Path | str | None, limit: int = 200) -> str:
     return lines[-1][:limit] if lines else ""
 
 
-def count_drops(state: dict[str, Any], edges: list[tuple[str, str]], delta: int) -> list[tuple[str, str]]:
+def count_drops(state: dict[str, Any], edges: list[tuple[str, str]], delta: int,
+                kind: str = "drops") -> list[tuple[str, str]]:
     """Count each drop edge once more (delta +1, a partition) or once less (-1, its undo) in the state's
-    `drop_counts`, so that undoing one of two overlapping partitions keeps the links the other still
-    cuts; set `drops` to the edges counted above zero. Returns the edges whose rules must change: newly
-    cut (+1) or no longer cut by anyone (-1; an edge healed meanwhile is skipped)."""
-    counts: dict[str, int] = state.setdefault("drop_counts", {})
-    for a, b in {tuple(e) for e in state.get("drops", [])}:      # a state written before counting
+    `<kind>_counts` (`drop_counts` for `drops`), so that undoing one of two overlapping partitions keeps
+    the links the other still cuts; set `state[kind]` to the edges counted above zero. Returns the edges
+    whose rules must change: newly cut (+1) or no longer cut by anyone (-1; an edge healed meanwhile is
+    skipped). `kind` is `drops` (both ways) or `inbound` (one way: a drops what b sends it)."""
+    counts: dict[str, int] = state.setdefault("drop_counts" if kind == "drops" else f"{kind}_counts", {})
+    for a, b in {tuple(e) for e in state.get(kind, [])}:         # a state written before counting
         counts.setdefault(f"{a}>{b}", 1)
     changed = []
     for a, b in edges:
@@ -80,7 +82,7 @@ def count_drops(state: dict[str, Any], edges: list[tuple[str, str]], delta: int)
                 changed.append((a, b))
             else:
                 counts[key] = have - 1
-    state["drops"] = sorted([k.split(">", 1) for k, v in counts.items() if v > 0])
+    state[kind] = sorted([k.split(">", 1) for k, v in counts.items() if v > 0])
     return changed
 
 

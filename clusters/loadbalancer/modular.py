@@ -64,7 +64,7 @@ class ModularLoadManager:
         self.broker_id = f"{cfg.host}:{cfg.http_port}"
         self.path = f"{BROKERS_PATH}/{self.broker_id}"
         self.usage = HostUsage(service.io, cpu_cores=cfg.cpu_cores, memory_limit_mb=cfg.memory_limit_mb,
-                               nic_speed_gbps=cfg.nic_speed_gbps)
+                               nic_speed_gbps=self.settings.loadBalancerOverrideBrokerNicSpeedGbps or cfg.nic_speed_gbps)
         self.rng = random.Random()
         self._leader: dict[str, Any] | None = None
         self._is_leader = False

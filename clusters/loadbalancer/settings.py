@@ -58,6 +58,9 @@ class LoadBalancerSettings:
     loadBalancerBrokerThresholdShedderPercentage: float = 10
     loadBalancerAverageResourceUsageDifferenceThresholdPercentage: float = 10
     loadBalancerHistoryResourcePercentage: float = 0.9
+    # the link speed every broker's bandwidth usage is measured against (Pulsar: Optional, unset by default:
+    # the NIC's speed); 0 here is unset: each broker's own `nic_speed_gbps` (clusters/config.py)
+    loadBalancerOverrideBrokerNicSpeedGbps: float = 0
     loadBalancerCPUResourceWeight: float = 1.0
     # deprecated since 3.0 ("memory is no longer used"); 1.0 up to 2.11 and in 3.0's
     # ServiceConfiguration, 0 in the newest: with 0 the memory term drops out of the weighted max
