@@ -1,8 +1,9 @@
 """Faults that move load: brokers leaving and joining (scale-in and scale-out), and admin-driven bundle
 unloads and splits, through Pulsar's admin API on any live broker.
 
-- `scale` (`scale:kill`): a running broker leaves, gracefully (stop: it unloads its bundles and
-  unregisters) or killed; the stop brings it back, a broker joining the cluster with no bundles.
+- `scale` (`scale:kill`, `scale:N`, `scale:kill:N`): a running broker (N of them at once) leaves,
+  gracefully (stop: it unloads its bundles and unregisters) or killed; the stop brings it back, a broker
+  joining the cluster with no bundles.
 - `unload` (`unload:dest`, `unload:lost-answer`): the bundle of a random workload topic unloaded; with
   `dest`, towards a random other live broker (`destinationBroker`, the leader's bundle affinity); with
   `lost-answer`, ZooKeeper carries out the owner's delete of the bundle's lock but the answer never
@@ -80,47 +81,67 @@ class ScaleNemesis(Nemesis):
 
     def __init__(self, mode: str | None = None):
         super().__init__()
-        if mode not in (None, "stop", "kill"):
-            raise ValueError(f"scale:{mode}: a broker leaves by stop (graceful, the default) or kill")
-        self.mode = mode or "stop"
+        self.mode, self.count = "stop", 1
+        for part in (mode.split(":") if mode else []):
+            if part in ("stop", "kill"):
+                self.mode = part
+            elif part.isdigit() and int(part) >= 1:
+                self.count = int(part)
+            else:
+                raise ValueError(f"scale:{mode}: write scale[:MODE][:N]: MODE stop (graceful, the default) or kill, "
+                                 "N the brokers that leave at once (1 by default), e.g. scale:3 or scale:kill:2")
 
     def choose(self, ctx: NemesisContext) -> dict[str, Any]:
         pool = ctx.names("broker")
         if not pool:
             raise NemesisError("scale: the cluster has no brokers")
-        return {"node": ctx.rng.choice(pool)}
+        if self.count == 1:
+            return {"node": ctx.rng.choice(pool)}
+        return {"nodes": sorted(ctx.rng.sample(pool, min(self.count, len(pool))))}
 
     def start(self, ctx: NemesisContext, plan: dict[str, Any] | None = None) -> dict[str, Any]:
         self._check_idle()
         plan = plan if plan is not None else self.choose(ctx)
-        node = ctx.cluster.node(plan["node"])
+        names = plan.get("nodes") or [plan["node"]]
+        nodes = [ctx.cluster.node(n) for n in names]
         running = [n for n in ctx.cluster.nodes("broker") if n.alive]
-        if not node.alive:
-            raise NemesisError(f"scale: {node.name} is not running")
-        if len(running) <= MIN_BROKERS_LEFT:
-            raise NemesisError(f"scale: {node.name} is the last running broker")
-        value = {"node": node.name, "mode": self.mode, "pid": node.pid, "brokers_left": len(running) - 1}
+        down = [n.name for n in nodes if not n.alive]
+        if down:
+            raise NemesisError(f"scale: {', '.join(down)} not running")
+        if len(running) - len(nodes) < MIN_BROKERS_LEFT:
+            raise NemesisError(f"scale: {', '.join(names)} leaving would leave no running broker")
+        value: dict[str, Any] = {"node": names[0], "mode": self.mode, "pid": nodes[0].pid,
+                                 "brokers_left": len(running) - len(nodes)}
+        if len(names) > 1:
+            value.update(nodes=names, pids=[n.pid for n in nodes])
         self.applied = value
-        if self.mode == "kill":
-            ctx.cluster.kill(node.name)
-        else:
-            ctx.cluster.stop(node.name)
+        for node in nodes:
+            if self.mode == "kill":
+                ctx.cluster.kill(node.name)
+            else:
+                ctx.cluster.stop(node.name)
         return value
 
     def stop(self, ctx: NemesisContext) -> dict[str, Any]:
         if self.applied is None:
             return {}
-        name = self.applied["node"]
-        node = ctx.cluster.node(name)
-        joined = False
-        if not node.alive:
-            node = ctx.cluster.start(name)
-            joined = True
+        names = self.applied.get("nodes") or [self.applied["node"]]
+        joined, pids = [], []
+        for name in names:
+            node = ctx.cluster.node(name)
+            if not node.alive:
+                node = ctx.cluster.start(name)
+                joined.append(name)
+            pids.append(node.pid)
         self.applied = None
-        return {"node": name, "pid": node.pid, "joined": joined}
+        if len(names) == 1:
+            return {"node": names[0], "pid": pids[0], "joined": bool(joined)}
+        return {"node": names[0], "nodes": names, "pids": pids, "joined": bool(joined), "joined_nodes": joined}
 
     def describe(self) -> str:
-        return f"scale: {self.applied['node']} left ({self.applied['mode']})" if self.applied else self.name
+        if not self.applied:
+            return self.name
+        return f"scale: {', '.join(self.applied.get('nodes') or [self.applied['node']])} left ({self.applied['mode']})"
 
 
 class _BundleNemesis(Nemesis):

@@ -104,8 +104,8 @@ REGISTRY: Registry[Fault] = Registry("nemesis", {
                    "to every server, or on 1..3 random server pairs", "TARGET", colour="#A8DCDC"),
     "slow": Fault(lambda p: SlowNemesis(p), "hold every packet 50..500 ms each way on one node's (or TARGET's) "
                   "links to every server, or on 1..3 server pairs (NFQUEUE)", "TARGET", colour="#BFE3C8"),
-    "scale": Fault(lambda p: ScaleNemesis(p), "a random broker leaves (MODE stop: gracefully, the default; kill) "
-                   "and joins again at the stop, with no bundles", "MODE", colour="#9FC5E8"),
+    "scale": Fault(lambda p: ScaleNemesis(p), "a random broker (MODE :N: N of them) leaves (stop: gracefully, the "
+                   "default; kill) and joins again at the stop, with no bundles", "MODE[:N]", colour="#9FC5E8"),
     "unload": Fault(lambda p: UnloadNemesis(p), "the bundle of a random topic unloaded through the admin API "
                     "(MODE dest: towards a random broker, destinationBroker; lost-answer: ZooKeeper carries out the "
                     "owner's delete of the lock, the answer never arrives)", "MODE", colour="#F6D8AE"),

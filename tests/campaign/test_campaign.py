@@ -124,11 +124,6 @@ def test_cli_user_errors_are_one_line_exit_254(tmp_path):
         assert "Traceback" not in p.stderr
 
 
-# knobs without a scenario that reveals them yet (bench/README.md, "Detection of the load balancer's bug
-# knobs"): a run expected invalid would fail every night; each leaves this set with its scenario
-NO_SCENARIO_YET = {"broker.reactivate_on_release_failure", "lb.shed_to_owner"}
-
-
 @pytest.mark.parametrize("name", ["smoke", "nightly", "detection"])
 def test_shipped_campaigns_are_valid(name):
     c = load(REPO / "campaigns" / f"{name}.toml")
@@ -138,7 +133,7 @@ def test_shipped_campaigns_are_valid(name):
         # every bug knob is in the campaign, expected invalid
         from clusters.bugs import KNOBS
         knobs = {lab.split("=")[0] for x in exp for lab in x.labels}
-        assert set(KNOBS) - NO_SCENARIO_YET <= knobs, set(KNOBS) - NO_SCENARIO_YET - knobs
+        assert set(KNOBS) <= knobs, set(KNOBS) - knobs
         assert any(x.expected == "valid" for x in exp) and any(x.expected == "invalid" for x in exp)
 
 

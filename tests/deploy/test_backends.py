@@ -145,3 +145,34 @@ def test_one_chain_of_drop_rules_from_the_state_for_every_backend(roots):
         "-A PCHAOS -s 10.213.250.1/32 -j DROP", "-A PCHAOS -d 10.213.250.1/32 -j DROP",
         "-A PCHAOS -s 10.213.250.12/32 -m statistic --mode random --probability 0.250000 -j DROP",
         "-A PCHAOS -d 10.213.250.12/32 -m statistic --mode random --probability 0.250000 -j DROP"]
+
+
+def test_one_way_cuts_are_rules_on_the_deaf_node_only(roots):
+    """deafen(node, peers): the node drops what the peers send it (no -d rule); with a trigger, the
+    connection that carried the trigger's bytes is marked and the peer's packets on it dropped."""
+    from clusters.deploy import statefile
+    c = NetnsCluster.attach("alpha")
+    state = c._state()
+    state["nodes"]["zk-2"] = {**state["nodes"]["zk-1"], "name": "zk-2", "host": "10.213.250.12"}
+    state["drops"], state["flaky"] = [], []
+    # counted per call, like partitions: two cuts, one undone, one left
+    assert statefile.count_drops(state, [("zk-1", "zk-2")], +1, "inbound") == [("zk-1", "zk-2")]
+    assert statefile.count_drops(state, [("zk-1", "zk-2")], +1, "inbound") == []
+    assert statefile.count_drops(state, [("zk-1", "zk-2")], -1, "inbound") == []
+    assert state["inbound"] == [["zk-1", "zk-2"]] and state["drops"] == []
+    assert c._chain_rules(state, "zk-1") == ["-A PCHAOS -s 10.213.250.12/32 -j DROP"]
+    assert c._chain_rules(state, "zk-2") == []
+    assert statefile.count_drops(state, [("zk-1", "zk-2")], -1, "inbound") == [("zk-1", "zk-2")]
+    assert state["inbound"] == [] and c._chain_rules(state, "zk-1") == []
+
+    state["inbound_on"] = [["zk-1", "zk-2", b"\x00\x00\x00\x02/ns".hex()]]
+    mark_rule, drop_rule = c._chain_rules(state, "zk-1")
+    assert mark_rule.startswith("-A PCHAOS -d 10.213.250.12/32 -m string --algo bm --hex-string |000000022f6e73| "
+                                "-j CONNMARK --set-mark 0x")
+    mark = mark_rule.rsplit(" ", 1)[1]
+    assert drop_rule == f"-A PCHAOS -s 10.213.250.12/32 -m connmark --mark {mark} -j DROP"
+    assert int(mark, 16) != 0 and c._chain_rules(state, "zk-2") == []
+    with pytest.raises(ClusterError, match="not the host"):
+        c.deafen("host", ["zk-1"])
+    with pytest.raises(ClusterError, match="trigger is empty"):
+        c.deafen("zk-1", ["zk-2"], trigger=b"")

@@ -52,3 +52,53 @@ def test_load_moving_faults_are_declared_with_their_params():
     for bad in ("scale:sideways", "unload:nowhere", "split:by_magic"):
         with pytest.raises(FaultNameError):
             make(bad)
+
+
+def test_scale_takes_n_brokers_away_at_once_and_brings_them_back():
+    import random
+    from nemesis.base import NemesisContext
+    from tests.nemesis.fakes import FakeCluster
+    assert (make("scale:3").mode, make("scale:3").count) == ("stop", 3)
+    assert (make("scale:kill:2").mode, make("scale:kill:2").count) == ("kill", 2)
+    for bad in ("scale:0", "scale:3:x", "scale:-1"):
+        with pytest.raises(FaultNameError):
+            make(bad)
+    cluster = FakeCluster(brokers=6)
+    ctx = NemesisContext(cluster=cluster, rng=random.Random(3), topics=["t"])
+    nem = make("scale:3")
+    value = nem.start(ctx)
+    gone = value["nodes"]
+    assert len(gone) == 3 and value["brokers_left"] == 3
+    assert sorted(n.name for n in cluster.nodes("broker") if not n.alive) == gone
+    back = nem.stop(ctx)
+    assert back["joined"] and back["joined_nodes"] == gone and all(n.alive for n in cluster.nodes("broker"))
+    with pytest.raises(Exception, match="no running broker"):
+        make("scale:6").start(ctx)
+
+
+def test_unload_lost_answer_arms_a_one_way_cut_on_the_owners_lock_delete(monkeypatch):
+    import random
+    import struct
+    from nemesis import balance as nb
+    from nemesis.base import NemesisContext
+    from tests.nemesis.fakes import FakeCluster
+    cluster = FakeCluster(brokers=3, zookeepers=3)
+    calls = []
+    monkeypatch.setattr(nb, "topic_bundle", lambda ctx, topic: "public/default/0x40000000_0x80000000")
+    monkeypatch.setattr(nb, "admin_call", lambda ctx, method, path: calls.append((method, path)) or (500, None, "b1"))
+    ctx = NemesisContext(cluster=cluster, rng=random.Random(1), topics=["persistent://public/default/t"],
+                         lookup=lambda topic: "broker-2")
+    nem = make("unload:lost-answer")
+    value = nem.start(ctx)                      # an error answer is what the fault expects: recorded, not raised
+    path = b"/namespace/public/default/0x40000000_0x80000000"
+    trigger = struct.pack(">ii", 2, len(path)) + path
+    assert cluster.calls[-1] == ("deafen", ("broker-2", ["zk-1", "zk-2", "zk-3"], trigger))
+    assert calls == [("PUT", "/admin/v2/namespaces/public/default/0x40000000_0x80000000/unload")]
+    assert value["owner"] == "broker-2" and value["status"] == 500 and value["lock"] == path.decode()
+    assert nem.stop(ctx) == {"disarmed": "broker-2"}
+    assert cluster.calls[-1] == ("undeafen", ("broker-2", ["zk-1", "zk-2", "zk-3"], trigger))
+    # a plain unload raises on an error answer, and arms nothing
+    plain = make("unload")
+    with pytest.raises(Exception, match="HTTP 500"):
+        plain.start(ctx)
+    assert cluster.calls[-1][0] == "undeafen"

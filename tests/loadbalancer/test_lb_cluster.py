@@ -6,11 +6,15 @@ One cluster for the module. Load-balancer timers are shortened through Pulsar's 
 """
 from __future__ import annotations
 
+import json
+import struct
 import time
 import uuid
 from typing import Any
 
+import pulsar
 import pytest
+from kazoo.client import KazooClient
 
 from clusters.loadbalancer.bundles import FULL_UPPER, NamespaceBundles, initial_boundaries, parse_bundles_data
 from tests.conformance.conftest import Admin
@@ -137,6 +141,46 @@ def test_unload_with_a_destination_lands_on_that_broker(cluster):
         producer.close()
     status, out = call(cluster, "PUT", f"/admin/v2/namespaces/{ns}/{bundle}/unload?destinationBroker=10.0.0.1:1")
     assert status == 400 and "not a live broker" in out["reason"]
+
+
+def test_a_lock_delete_whose_answer_is_lost_fails_the_release_and_the_session_survives(cluster):
+    """`Cluster.deafen(trigger=...)` on real iptables: ZooKeeper carries out the owner's delete of the
+    bundle's lock, the answer never reaches the owner, whose client gives that connection up (the unload
+    waits for it) and reconnects within the session. Without the bug knob the owner does not serve the
+    bundle on a lock it no longer holds: the bundle is assigned afresh and the client goes on."""
+    ns = new_namespace(cluster, bundles=4)
+    topic = f"persistent://{ns}/lost-answer"
+    zk = KazooClient(hosts=cluster.zk_connect)
+    zk.start(20)
+    with pulsar_client(cluster.service_url) as client:
+        producer = client.create_producer(topic)
+        producer.send(b"before")
+        status, bundle = call(cluster, "GET", f"/lookup/v2/topic/persistent/{ns}/lost-answer/bundle")
+        path = f"/namespace/{ns}/{bundle}"
+        owner_ip = json.loads(zk.get(path)[0])["broker"].split(":")[0]
+        owner = next(n for n in cluster.nodes("broker") if n.host == owner_ip)
+        registration = f"/loadbalance/brokers/{owner.host}:{owner.ports['http']}"
+        session, lock_czxid = zk.get(registration)[1].ephemeralOwner, zk.get(path)[1].czxid
+        other = next(i for i, n in enumerate(cluster.nodes("broker")) if n.name != owner.name)
+        trigger = struct.pack(">ii", 2, len(path)) + path.encode()
+        zks = [n.name for n in cluster.nodes("zookeeper")]
+        cluster.deafen(owner.name, zks, trigger=trigger)
+        try:
+            t0 = time.monotonic()
+            status, out = call(cluster, "PUT", f"/admin/v2/namespaces/{ns}/{bundle}/unload", broker=other, timeout=30)
+            waited = time.monotonic() - t0
+        finally:
+            cluster.undeafen(owner.name, zks, trigger=trigger)
+        assert waited >= 2.0, (status, out, waited)         # the owner waited for an answer it never got
+        producer.send(b"after")                            # assigned afresh; the client looked it up again
+        lock = wait_for(lambda: zk.exists(path), 10, "the bundle's lock taken again")
+        assert lock.czxid != lock_czxid                    # the delete was carried out
+        assert zk.get(registration)[1].ephemeralOwner == session   # the owner's session survived
+        producer.close()
+        reader = client.create_reader(topic, pulsar.MessageId.earliest)
+        assert [reader.read_next(10_000).data() for _ in range(2)] == [b"before", b"after"]
+    zk.stop()
+    zk.close()
 
 
 def test_admin_split_gives_pulsars_boundaries(cluster):

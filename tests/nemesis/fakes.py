@@ -91,6 +91,13 @@ class FakeCluster(Cluster):
         self.drops = {e for e, n in self.counts.items() if n > 0}
         self.calls.append(("partition", sorted(edges)))
 
+    def deafen(self, node: str, peers: Any, *, trigger: bytes | None = None) -> None:
+        self._live(node)
+        self.calls.append(("deafen", (node, sorted(peers), trigger)))
+
+    def undeafen(self, node: str, peers: Any, *, trigger: bytes | None = None) -> None:
+        self.calls.append(("undeafen", (node, sorted(peers), trigger)))
+
     def unpartition(self, grudge: Grudge) -> None:
         edges = grudge_edges(grudge)
         for e in edges | {(b, a) for a, b in edges}:
