@@ -1,0 +1,83 @@
+"""Scale-in and scale-out under the balance workload: how long the modular load manager takes to bring
+the cluster back to balanced after three of six brokers leave (6 -> 3) and after they join again
+(3 -> 6), per seed, as the `balance` checker measures it (checkers/balance.py: the time from the event
+until the live brokers' load-score spread is at most 0.10 and their topic spread under its target).
+
+    .venv/bin/python bench/lb_scale.py [--seeds 3] [--results DIR]
+
+Each run is one `pulsar-chaos run` (its command line is printed): six brokers, `scale:3` (three brokers
+leave gracefully after a 60 s rest and join again 60 s later), then 80 s more to converge. Load-balancer
+timers and limits are shortened under Pulsar's names (SETTINGS below) and every run's test.toml keeps them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PULSAR_CHAOS = REPO / ".venv" / "bin" / "pulsar-chaos"
+
+SETTINGS = {
+    "loadBalancerReportUpdateMinIntervalMillis": 1000,    # Pulsar: 5000
+    "loadBalancerSheddingIntervalMinutes": 0.25,          # Pulsar: 1
+    "defaultNumberOfNamespaceBundles": 16,                # Pulsar: 4 (4 bundles cannot load 6 brokers)
+    "loadBalancerOverrideBrokerNicSpeedGbps": 0.0001,     # ~100 kbit/s: a test's few KB/s are a load
+    "loadBalancerBundleUnloadMinThroughputThreshold": 0,  # Pulsar: 10 MB/s, far above a test's traffic
+}
+COMMAND = ["--workload", "balance", "--brokers", "6", "--topics", "100", "--nemesis", "scale:3",
+           "--nemesis-interval", "60", "--time-limit", "200",
+           *[a for k, v in SETTINGS.items() for a in ("--lb-setting", f"{k}={v}")]]
+
+
+def run(seed: int, results: Path) -> dict:
+    argv = [str(PULSAR_CHAOS), "run", *COMMAND, "--seed", str(seed), "--results-dir", str(results),
+            "--test-name", "lb-scale"]
+    t = time.monotonic()
+    cp = subprocess.run(argv, capture_output=True, text=True, timeout=1200)
+    run_dir = next((line.split()[1].rstrip(":") for line in cp.stdout.splitlines() if line.startswith("run ")), None)
+    events = []
+    if run_dir and (Path(run_dir) / "results.json").exists():
+        res = json.loads((Path(run_dir) / "results.json").read_text())
+        stats = res["checkers"].get("balance", {}).get("stats", {})
+        events = [{k: e.get(k) for k in ("event", "kind", "brokers", "balanced_after_s", "outcome",
+                                           "usage_spread", "topic_spread", "topic_target", "live_brokers")}
+                  for e in stats.get("scale_events", [])]
+        moves = {k: stats.get(k) for k in ("unloads", "splits") if k in stats}
+    else:
+        moves = {}
+    return {"seed": seed, "exit": cp.returncode, "took_s": round(time.monotonic() - t, 1), "run_dir": run_dir,
+            "events": events, "moves": moves}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--results", default="/tmp/pulsar-chaos-lb-scale")
+    args = p.parse_args()
+    print(f"# pulsar-chaos run {' '.join(COMMAND)} --seed N", flush=True)
+    rows = []
+    for seed in range(1, args.seeds + 1):
+        r = run(seed, Path(args.results))
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+    print("\n| seed | verdict | 6 -> 3 (leave): balanced after | 3 -> 6 (join): balanced after |")
+    print("|---|---|---|---|")
+    for r in rows:
+        by = {e["kind"]: e for e in r["events"]}
+
+        def cell(kind: str) -> str:
+            e = by.get(kind)
+            if e is None:
+                return "no event"
+            return f"{e['balanced_after_s']} s" if e["balanced_after_s"] is not None else str(e["outcome"])
+        verdict = {0: "valid", 1: "invalid", 2: "unknown"}.get(r["exit"], f"exit {r['exit']}")
+        print(f"| {r['seed']} | {verdict} | {cell('leave')} | {cell('join')} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
