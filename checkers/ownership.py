@@ -37,7 +37,10 @@ Anomalies (each names the bundle, the brokers, the times in seconds and the rows
   disagrees with its numBundles.
 - `shed-to-owner` (invalid): an `lb-event` unload whose reason starts with "shed" and whose destination is
   its source (or the lock's holder at that time).
-- `unload-within-grace` (invalid): two shedding unloads of one bundle less than `grace_s` apart.
+- `unload-within-grace` (invalid): two shedding unloads of one bundle less than `grace_s` apart, decided
+  by one leader process (the grace period is the leader's memory, as Pulsar's LoadData is: a new leader,
+  or the same broker restarted, starts without it; events name the process by `broker` and
+  `incarnation`).
 - `served-without-lock` (invalid): an op served by broker B when no segment of B covering the topic was
   possibly held at any instant of the op window widened by `tolerance_s`, while B's registration
   (`/loadbalance/brokers/<id>`, ephemeral: its session) was certainly there over the window (or when no
@@ -542,17 +545,19 @@ def assigned_to_dead_cases(c: _OwnershipCheck, cases: Cases) -> None:
 
 
 def unload_within_grace_cases(c: _OwnershipCheck, cases: Cases) -> None:
-    """`unload-within-grace`: a bundle shed again less than `grace_s` after it was shed."""
+    """`unload-within-grace`: a bundle shed again by the same leader process less than `grace_s` after
+    it shed it."""
     grace = float(c.o.get("grace_s") or 0.0) * 1e9
-    last: dict[str, Op] = {}
+    last: dict[tuple[str, str, Any], Op] = {}
     for op, v in sorted(_unloads(c), key=lambda x: x[0].time_ns):
         if not str(v.get("reason") or "").startswith("shed"):
             continue
-        b = str(v.get("bundle") or op.key)
+        b = (str(v.get("bundle") or op.key), c.canon(v.get("broker") or v.get("leader")), v.get("incarnation"))
         prev = last.get(b)
         if prev is not None and op.time_ns - prev.time_ns < grace:
             cases.add(lambda op=op, prev=prev, b=b: {
-                "bundle": b, "first_s": round(prev.time_ns / 1e9, 6), "again_s": round(op.time_ns / 1e9, 6),
+                "bundle": b[0], "leader": b[1] or None, "first_s": round(prev.time_ns / 1e9, 6),
+                "again_s": round(op.time_ns / 1e9, 6),
                 "apart_s": round((op.time_ns - prev.time_ns) / 1e9, 6), "grace_s": c.o.get("grace_s"),
                 "events": [c.ref(prev), c.ref(op)]})
         last[b] = op

@@ -80,6 +80,9 @@ class ModularLoadManager:
         self.urls: dict[str, str] = {}                    # brokerId -> pulsarServiceUrl, of every broker seen
         self.affinity: dict[str, str] = {}                # bundle -> brokerId (unload with destination)
         self.recently_unloaded: dict[str, int] = {}       # bundle -> ms (the grace period)
+        # this process's start (ms): the grace period is this process's memory (Pulsar's LoadData), so
+        # its events name it and the ownership checker compares unloads of one incarnation only
+        self.incarnation = _now_ms()
         self.decisions: deque[dict[str, Any]] = deque(maxlen=500)
         self.counters = {"unload_broker": 0, "unload_bundle": 0, "split": 0, "assign": 0}
         # bug knobs (clusters/bugs.py)
@@ -525,7 +528,7 @@ class ModularLoadManager:
         them), kept in `decisions` too. `mono_ns` is CLOCK_MONOTONIC, shared by every process of one
         machine and left alone by libfaketime."""
         doc = {"event": event, "mono_ns": time.monotonic_ns(), "wall_ms": _now_ms(), "broker": self.broker_id,
-               "leader": (self._leader or {}).get("brokerId"), **fields}
+               "leader": (self._leader or {}).get("brokerId"), "incarnation": self.incarnation, **fields}
         self.decisions.append(doc)
         try:
             decisions_log.info("LB_EVENT %s", json.dumps(doc, sort_keys=True, default=str))

@@ -84,9 +84,11 @@ class H:
         return self.add(Op(process=p, type="ok", f="send", key=topic, value=1, node=broker,
                            message_id=MessageId(ledger, 0)), at)
 
-    def unload(self, at: float, bundle: str, source: str, dest: str | None, reason: str = "shed:ThresholdShedder"):
+    def unload(self, at: float, bundle: str, source: str, dest: str | None, reason: str = "shed:ThresholdShedder",
+               leader: str = "10.0.0.1:6650", incarnation: int | None = None):
+        extra = {"broker": leader, "incarnation": incarnation} if incarnation is not None else {}
         return self.obs(at, LB_EVENT, bundle, {"event": "unload", "bundle": bundle, "source": source,
-                                               "destination": dest, "reason": reason, "leader": "10.0.0.1:6650"})
+                                               "destination": dest, "reason": reason, "leader": leader, **extra})
 
 
 def _handoff(overlapping: bool) -> H:
@@ -326,6 +328,21 @@ def test_shedding_a_bundle_again_within_the_grace_period():
     assert r.valid is False
     (case,) = r.anomalies["unload-within-grace"]
     assert case["bundle"] == bundle and case["apart_s"] == 10.0
+
+
+def test_the_grace_period_is_one_leader_processs_memory():
+    """Pulsar keeps the recently unloaded bundles in the leader's memory: a new leader, or the same broker
+    restarted (another incarnation), may shed the bundle again at once; one process may not."""
+    bundle = f"{NS}/0x00000000_0x80000000"
+    for second, valid in ((("10.0.0.2:8080", 1), True), (("10.0.0.1:8080", 2), True), (("10.0.0.1:8080", 1), False)):
+        h = H()
+        h.unload(2.0, bundle, "10.0.0.1:6650", "10.0.0.2:6650", leader="10.0.0.1:8080", incarnation=1)
+        h.unload(12.0, bundle, "10.0.0.2:6650", "10.0.0.1:6650", leader=second[0], incarnation=second[1])
+        h.stop(20.0)
+        r = check(h.ops, {"grace_s": 30.0})
+        assert r.valid is valid, (second, r.anomalies)
+        if not valid:
+            assert r.anomalies["unload-within-grace"][0]["leader"] == "broker-1"       # its node name
 
 
 def test_the_ledger_metadata_names_the_serving_broker_exactly():
