@@ -340,19 +340,35 @@ def _error_line(text: str, where: _Where, at: int, pos: int) -> int:
 
 
 _LOG = re.compile(r"jepsen\.util\s+-\s+(.*)$")
+_SPACED = re.compile(r"\s*(\S+)\s+(:(?:invoke|ok|fail|info))\s+(\S+)(?:\s+(.*))?$")
 
 
 def read_log(path: Path | str) -> list[Op]:
-    """Ops of the `jepsen.util` op lines of a Jepsen log (tab-separated); other lines are skipped."""
+    """Ops of the `jepsen.util` op lines of a Jepsen log (fields separated by tabs, or aligned with
+    spaces); other lines are skipped."""
     path = Path(path)
     ops: list[Op] = []
     for n, line in _lines(path):
         m = _LOG.search(line.rstrip("\r\n"))
         if not m:
             continue
-        if "\t" not in m.group(1):
-            continue                                # a message of jepsen.util, not an op
-        fields = m.group(1).split("\t")
+        if "\t" in m.group(1):
+            fields = m.group(1).split("\t")
+        else:
+            # columns aligned with spaces (some logs were written or copied so): process, a :type,
+            # f, then the value (one EDN form) and the error
+            sm = _SPACED.match(m.group(1))
+            if not sm:
+                continue                            # a message of jepsen.util, not an op
+            fields = [sm.group(1), sm.group(2), sm.group(3)]
+            rest = (sm.group(4) or "").strip()
+            if rest:
+                r = _Reader(rest)
+                try:
+                    r.read()
+                    fields += [rest[:r.i], rest[r.i:]]
+                except EdnError:
+                    fields.append(rest)             # reported below, with the line
         try:
             if len(fields) < 3:
                 raise EdnError("expected process, type and f separated by tabs")

@@ -282,3 +282,16 @@ def test_lin_on_an_empty_file_or_no_history_exits_254_with_one_line(capsys, tmp_
         rc, out, err = lin(capsys, "--model", model, str(p))
         assert rc == 254 and out == "", (rc, out)
         assert err.count("\n") == 1 and err.startswith(f"error: {p}: {what}") and "fix:" in err, err
+
+
+def test_read_log_columns_aligned_with_spaces(tmp_path):
+    p = _write(tmp_path, "jepsen.log",
+               "INFO  jepsen.util - 1   :invoke :cas    [1 2]\n"
+               "INFO  jepsen.util - Relative time begins now\n"
+               "INFO  jepsen.util - 1   :fail   :cas    [1 2]   :precondition-failed\n"
+               "INFO  jepsen.util - 0   :invoke :read   nil\n"
+               "INFO  jepsen.util - 0   :ok     :read   3\n")
+    ops = read_log(p)
+    assert [(o.process, o.type, o.f, o.value, o.error) for o in ops] == [
+        (1, "invoke", "cas", [1, 2], ""), (1, "fail", "cas", [1, 2], "precondition-failed"),
+        (0, "invoke", "read", None, ""), (0, "ok", "read", 3, "")]
