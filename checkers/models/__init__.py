@@ -236,6 +236,18 @@ class KV(Model):
     def crash_step(self, f: str) -> Step | None:
         return None if f == "get" else self.step(f)
 
+    resets = frozenset(("put",))
+
+    @staticmethod
+    def reaches(s: Any, v: Any) -> bool:
+        """Whether appends from state s can make a get return v (v starts with s); True when s is
+        not a known value (absent, or only its end known)."""
+        if type(s) is str:
+            return type(v) is str and v.startswith(s)
+        if type(s) is tuple:
+            return type(v) is tuple and v[:len(s)] == s
+        return True
+
     def describe(self, state: Any) -> Any:
         if type(state) is Partial:
             return {"ends_with": thaw(state.suffix)}
@@ -334,6 +346,13 @@ class SetModel(Model):
 
     def step(self, f: str) -> Step:
         return _set_add if f == "add" else _set_read
+
+    @staticmethod
+    def reaches(s: Any, v: Any) -> bool:
+        """Whether adds from set s can make a read return v (s is a subset of v)."""
+        if type(s) is frozenset:
+            return isinstance(v, frozenset) and s <= v
+        return True
 
     def crash_step(self, f: str) -> Step | None:
         return None if f == "read" else _set_add
