@@ -90,6 +90,7 @@ DEFAULTS: dict[str, Any] = {
     "parallel": True,            # check partitions in worker processes when it pays
     "parallel_min_ops": 4000,    # ... that is, with at least this many ops over several partitions
     "workers": 2,
+    "initial": None,             # the model's initial state as a JSON value (Model.initial); None: its own
     "refute": True,              # try to refute a window when the search stalls
     "stall_steps": None,         # steps without progress that count as a stall (None: STALL_STEPS)
     "rewind_ops": None,          # ops abandoned at the first stall (None: REWIND_OPS)
@@ -122,6 +123,8 @@ def check(history: list[Op], opts: dict[str, Any] | None = None) -> CheckResult:
     t0 = time.monotonic()
     try:
         model = M.get(str(o["model"]))
+        if o.get("initial") is not None:
+            model.initial(o["initial"])               # a bad initial state is an input error
         prep = prepare(history, model, o)
     except (ModelError, LinearInputError) as e:
         return CheckResult("unknown", {}, {"error": str(e), "input_error": True,
@@ -137,7 +140,7 @@ def check(history: list[Op], opts: dict[str, Any] | None = None) -> CheckResult:
                 and n_ops >= int(o.get("parallel_min_ops") or 0))
     sopts = {"deadline": deadline, "max_cache": o.get("max_cache"), "refute": bool(o.get("refute", True)),
              "max_memory_mb": o.get("max_memory_mb"),
-             "stall_steps": o.get("stall_steps"), "rewind_ops": o.get("rewind_ops")}
+             "stall_steps": o.get("stall_steps"), "rewind_ops": o.get("rewind_ops"), "initial": o.get("initial")}
     if parallel:
         results = _run_parallel(jobs, sopts, workers)
     else:
@@ -224,7 +227,7 @@ def prepare(history: list[Op], model: M.Model, o: dict[str, Any]) -> dict[str, A
         p = parts.setdefault(M.freeze(key), {"real": [], "crashed": []})
         if ctype == OK:
             p["real"].append((t(ipos), t(cpos), f, value, ipos, cpos))
-        elif model.crash_step(f) is None:
+        elif model.is_pure(f, value):
             counts["crashed_reads_dropped"] += 1
         else:
             p["crashed"].append((t(ipos), f, value, ipos, -1 if cpos is None else cpos))
@@ -247,6 +250,8 @@ def _looks_independent(client: list[tuple[int, Op]], model: M.Model) -> bool:
     for _, op in client:
         if _has_key(op) or not _is_pair(op.value):
             return False
+        if model.name == "multi-register" and M.is_txn(op.value):
+            return False                            # a txn of two micro-ops, not [key txn]
         if model.name == "cas-register" and str(op.f).lstrip(":") == "cas" and op.value[1] is not None \
                 and not _is_pair(op.value[1]):
             return False
@@ -270,7 +275,8 @@ def check_partition(model_name: str, real: list[tuple], crashed: list[tuple], so
     deadline = sopts.get("deadline")
     max_cache = sopts.get("max_cache")
     refute = sopts.get("refute", True) and model.unknown() is not None
-    s = _Search(model, real, crashed, model.init(), deadline, max_cache,
+    init = model.init() if sopts.get("initial") is None else model.initial(sopts["initial"])
+    s = _Search(model, real, crashed, init, deadline, max_cache,
                 max_memory_mb=sopts.get("max_memory_mb"))
     refutations = rewinds = 0
     tried: set[int] = set()
@@ -335,7 +341,7 @@ class _Search:
         self.nmemo = 0                              # entries in the transition tables
         tables: dict[Any, dict[int, int]] = {}
         self.rt = [tables.setdefault((0, r[2], r[3]), {}) for r in real]
-        self.rpure = [model.crash_step(r[2]) is None for r in real]     # reads: they change nothing
+        self.rpure = [model.is_pure(r[2], r[3]) for r in real]     # reads: they change nothing
         # entries: (time, 0 call / 1 return, op); calls sort before returns at equal times
         ev = sorted([(r[0], 0, i) for i, r in enumerate(real)] + [(r[1], 1, i) for i, r in enumerate(real)])
         m = len(ev)
@@ -861,7 +867,7 @@ def _window(model: M.Model, real: list[tuple], crashed: list[tuple], blocker: in
     wreal = sorted((real[i] for i in mand), key=lambda r: (r[0], r[1], r[4]))   # by call, as _Search needs
     opt: list[tuple] = []
     for i, r in enumerate(real):
-        if i not in mset and r[0] <= hi and r[1] >= lo and model.crash_step(r[2]) is not None:
+        if i not in mset and r[0] <= hi and r[1] >= lo and not model.is_pure(r[2], r[3]):
             opt.append((r[0], r[2], r[3], r[4], r[5], True))       # optional, output known
     opt += [c for c in crashed if c[0] <= hi]
     budget = max(2000, min(steps, 20_000 * (1 + width // 32)))
