@@ -968,7 +968,7 @@ def op_json(history: list[Op], prep: dict[str, Any], ipos: int, cpos: int | None
     t = prep["t"]
     inv = history[ipos]
     src = history[cpos] if cpos is not None and cpos >= 0 else inv
-    d = M.thaw(_plain(src.to_json()))
+    d = M.thaw(_plain(_op_dict(src)))
     if src is inv:
         d["type"] = INFO if cpos is not None and cpos >= 0 else "invoke"
         d["time_ns"] = None
@@ -981,6 +981,14 @@ def op_json(history: list[Op], prep: dict[str, Any], ipos: int, cpos: int | None
     if d.get("index") is None or d["index"] < 0:
         d["index"] = cpos if cpos is not None and cpos >= 0 else ipos
     return d
+
+
+def _op_dict(op: Op) -> dict[str, Any]:
+    """Op.to_json() without dataclasses.asdict's deep copy (the caller copies what it keeps)."""
+    mid = op.message_id
+    return {"process": op.process, "type": op.type, "f": op.f, "key": op.key, "value": op.value,
+            "message_id": None if mid is None else mid.__dict__.copy(), "node": op.node, "error": op.error,
+            "time_ns": op.time_ns, "index": op.index}
 
 
 def _plain(v: Any) -> Any:
