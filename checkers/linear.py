@@ -807,11 +807,28 @@ class _Search:
         # reached: it is the first move tried); nor can the other ops listed, called before it returns.
         blocker = min(rest, key=lambda i: (self.real[i][1], self.real[i][0], i))
         tb = self.real[blocker][1]
-        out["op"] = blocker
-        for i in sorted(rest, key=lambda i: (i != blocker, self.real[i][1])):
-            if self.real[i][0] <= tb and self.rstep[i](state, self.rval[i]) is ILLEGAL:
+        culprit = self.culprit(state, done, blocker)
+        out["op"] = blocker if culprit is None else culprit
+        for i in sorted(rest, key=lambda i: (i != out["op"], i != blocker, self.real[i][1])):
+            if i == culprit or (self.real[i][0] <= tb and self.rstep[i](state, self.rval[i]) is ILLEGAL):
                 out["cannot_place"].append(i)
         return out
+
+    def culprit(self, state: Any, done: set[int], b: int) -> int | None:
+        """For a growing model, when the op b that must go next is legal there but was skipped as a
+        dead end, the read still to go that rules it out, the one to name: it is illegal here or
+        called after b returns, and no state grown from after b reaches its value before a reset
+        can come. None otherwise."""
+        reaches = self.reaches
+        if reaches is None or self.rreset[b]:
+            return None
+        nb = self.rstep[b](state, self.rval[b])
+        if nb is ILLEGAL:
+            return None
+        t_reset = self.next_reset(sum(1 << i for i in done))
+        cands = [i for i in range(self.n) if i not in done and self.rpure[i] and self.rval[i] is not None
+                 and self.real[i][1] < t_reset and not reaches(nb, self.rval[i])]
+        return min(cands, key=lambda i: (self.real[i][1], i)) if cands else None
 
 
 def _add_entry(ents: list[int], cb: int) -> int | None:

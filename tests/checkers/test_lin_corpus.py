@@ -79,8 +79,9 @@ def test_a_correct_key_field_history_is_valid_and_one_stale_read_makes_it_invali
         write_kv_edn(ops, p)
         r = check(read_history(p), {"model": "kv"})
         assert r.valid is False, (seed, planted)
-        [ce] = r.anomalies["nonlinearizable"]
-        assert ce["key"] == planted["key"]
+        [ce] = r.anomalies["nonlinearizable"]                 # the stale read is the op named
+        assert ce["key"] == planted["key"] and ce["op"]["f"] == "get", ce["op"]
+        assert (ce["op"]["process"], ce["op"]["value"]) == (planted["process"], planted["now"])
 
 
 # ------------------------------------------------------------------------------------------ shapes
