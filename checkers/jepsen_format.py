@@ -17,11 +17,12 @@ A line that cannot be read is a `HistoryError` naming the file and the line numb
 """
 from __future__ import annotations
 
+import bisect
 import re
 from pathlib import Path
 from typing import Any
 
-from core.history import TYPES, HistoryError, Op, read_jsonl
+from core.history import NEMESIS_PROCESS, TYPES, HistoryError, Op, read_jsonl
 
 FORMATS = ("jsonl", "jepsen-edn", "jepsen-log")
 
@@ -241,44 +242,133 @@ def _op(process: Any, type_: Any, f: Any, value: Any, error: Any, where: str) ->
     return Op(process=process, type=t, f=str(f), value=_plain(value), error=err)
 
 
+_EDN_FIX = ("fix: give Jepsen ops as EDN maps, one a line or all in one [...] vector, e.g. "
+            "{:process 0, :type :invoke, :f :read, :value nil}, or pick the right --format")
+
+
+class _Where:
+    """Line numbers of positions in a text (1-based)."""
+
+    def __init__(self, text: str):
+        self.starts = [0] + [m.end() for m in re.finditer("\n", text)]
+
+    def line(self, pos: int) -> int:
+        return bisect.bisect_right(self.starts, pos)
+
+
+def _edn_op(d: Any) -> Op | None:
+    """An Op from one EDN form (a map, or a #jepsen.history.Op record); None for a nemesis op."""
+    if not isinstance(d, dict):
+        kind = "a vector or list" if isinstance(d, list) else "a string" if isinstance(d, str) else "a value"
+        raise EdnError(f"the form is {kind}, not a map {{...}}")
+    op = _op(d.get("process"), d.get("type"), d.get("f"), d.get("value"), d.get("error"), "")
+    if op is not None:
+        k = d.get("key")
+        if k is not None:
+            op.key = _plain_key(k)
+    return op
+
+
 def read_edn(path: Path | str) -> list[Op]:
-    """Ops of a Jepsen EDN history (one map per line; blank lines and ;-comments skipped)."""
+    """Ops of a Jepsen or Knossos EDN history, in any of the shapes they write:
+
+    - one op map per line (Jepsen's `history.edn`; `#jepsen.history.Op{...}` records too);
+    - op maps one after another, each spanning as many lines as it likes;
+    - the whole file one vector `[...]` or list `(...)` of op maps (Knossos's test data, older
+      Jepsen `history.edn`).
+
+    Blank lines, `;` comments and `#_` discards are skipped anywhere. An op's key is its `:key`
+    field (Porcupine's and many key-value tests' shape) or, for the checker to split, a
+    jepsen.independent `[key value]` tuple in `:value`. A form that cannot be read is a
+    HistoryError naming the file and its line."""
     path = Path(path)
+    text = _text(path)
+    where = _Where(text)
+    r = _Reader(text)
+    r.skip()
     ops: list[Op] = []
-    for n, line in _lines(path):
-        s = line.strip()
-        if not s or s.startswith(";"):
-            continue
+    close = None
+    if r.i < len(text) and text[r.i] in "[(":
+        close = "]" if text[r.i] == "[" else ")"
+        opened = where.line(r.i)
+        r.i += 1
+    while True:
+        r.skip()
+        if r.i >= len(text):
+            if close is not None:
+                raise HistoryError(f"{path}:{where.line(max(0, len(text.rstrip()) - 1))}: the history's {'[' if close == ']' else '('} "
+                                   f"(line {opened}) is never closed; fix: end the file with {close!r}")
+            break
+        if close is not None and text[r.i] == close:
+            r.i += 1
+            r.skip()
+            if r.i < len(text):
+                raise HistoryError(f"{path}:{where.line(r.i)}: text after the history's closing {close!r}; "
+                                   f"fix: put every op inside the one {'[...]' if close == ']' else '(...)'}")
+            break
+        at = r.i
         try:
-            d = parse_edn(s)
-            if not isinstance(d, dict):
-                raise EdnError("the line is not a map {...}")
-            op = _op(d.get("process"), d.get("type"), d.get("f"), d.get("value"), d.get("error"),
-                     f"{path}:{n}")
+            d = r.read()
         except EdnError as e:
-            raise HistoryError(f"{path}:{n}: not a Jepsen op ({e}); fix: give one EDN map per line, e.g. "
-                               f"{{:process 0, :type :invoke, :f :read, :value nil}}, or pick the right "
-                               f"--format") from None
+            raise HistoryError(f"{path}:{_error_line(text, where, at, r.i)}: not a Jepsen op ({e}); "
+                               f"{_EDN_FIX}") from None
+        try:
+            op = _edn_op(d)
+        except EdnError as e:
+            raise HistoryError(f"{path}:{where.line(at)}: not a Jepsen op ({e}); {_EDN_FIX}") from None
         if op is not None:
             op.index = len(ops)          # no clock: list order is time
             ops.append(op)
     return ops
 
 
+def _error_line(text: str, where: _Where, at: int, pos: int) -> int:
+    """The line to blame for a form starting at `at` that failed at `pos`: the form's own line when
+    that line holds a form of its own that is broken (a map a line with a '}' missing: the reader ran
+    on into the next lines), else the line where reading failed."""
+    n = where.line(at)
+    if where.line(min(pos, len(text) - 1) if text else 0) == n:
+        return n
+    line_end = text.find("\n", at)
+    line = text[at:line_end if line_end >= 0 else len(text)]
+    rest = text[line_end + 1:] if line_end >= 0 else ""
+    nxt = rest.lstrip(" \t\r,")
+    # the next line starts a new op: this line was meant to be an op of its own
+    if nxt.startswith(("{", "#jepsen", "#knossos")) and line.count("{") > line.count("}"):
+        return n
+    return where.line(min(pos, max(0, len(text) - 1)))
+
+
 _LOG = re.compile(r"jepsen\.util\s+-\s+(.*)$")
+_SPACED = re.compile(r"\s*(\S+)\s+(:(?:invoke|ok|fail|info))\s+(\S+)(?:\s+(.*))?$")
 
 
 def read_log(path: Path | str) -> list[Op]:
-    """Ops of the `jepsen.util` op lines of a Jepsen log (tab-separated); other lines are skipped."""
+    """Ops of the `jepsen.util` op lines of a Jepsen log (fields separated by tabs, or aligned with
+    spaces); other lines are skipped."""
     path = Path(path)
     ops: list[Op] = []
     for n, line in _lines(path):
         m = _LOG.search(line.rstrip("\r\n"))
         if not m:
             continue
-        if "\t" not in m.group(1):
-            continue                                # a message of jepsen.util, not an op
-        fields = m.group(1).split("\t")
+        if "\t" in m.group(1):
+            fields = m.group(1).split("\t")
+        else:
+            # columns aligned with spaces (some logs were written or copied so): process, a :type,
+            # f, then the value (one EDN form) and the error
+            sm = _SPACED.match(m.group(1))
+            if not sm:
+                continue                            # a message of jepsen.util, not an op
+            fields = [sm.group(1), sm.group(2), sm.group(3)]
+            rest = (sm.group(4) or "").strip()
+            if rest:
+                r = _Reader(rest)
+                try:
+                    r.read()
+                    fields += [rest[:r.i], rest[r.i:]]
+                except EdnError:
+                    fields.append(rest)             # reported below, with the line
         try:
             if len(fields) < 3:
                 raise EdnError("expected process, type and f separated by tabs")
@@ -303,9 +393,9 @@ def read_log(path: Path | str) -> list[Op]:
     return ops
 
 
-def _lines(path: Path) -> list[tuple[int, str]]:
+def _text(path: Path) -> str:
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise HistoryError(f"{path}: no such file; fix: give the path of a history file") from None
     except IsADirectoryError:
@@ -316,7 +406,10 @@ def _lines(path: Path) -> list[tuple[int, str]]:
                            f"permissions") from None
     except UnicodeDecodeError:
         raise HistoryError(f"{path}: not UTF-8 text; fix: give a text history file") from None
-    return list(enumerate(text.split("\n"), start=1))
+
+
+def _lines(path: Path) -> list[tuple[int, str]]:
+    return list(enumerate(_text(path).split("\n"), start=1))
 
 
 def detect(path: Path | str) -> str:
@@ -335,13 +428,22 @@ def detect(path: Path | str) -> str:
             return "jepsen-log"
         if s.startswith("{") and '"type"' in s:
             return "jsonl"
-        if s.startswith("{") or s.startswith("#jepsen") or s.startswith("#"):
+        if s.startswith(("{", "#", "[", "(")):
             return "jepsen-edn"
     return "jepsen-log"
 
 
+_EXPECTED = {
+    "jsonl": "JSON lines of our history schema, e.g. "
+             '{"process": 0, "type": "invoke", "f": "read", "value": null}',
+    "jepsen-edn": "Jepsen EDN op maps, e.g. {:process 0, :type :invoke, :f :read, :value nil}",
+    "jepsen-log": "jepsen.util op lines, e.g. 'INFO  jepsen.util - 3<TAB>:invoke<TAB>:cas<TAB>[1 4]'",
+}
+
+
 def read_history(path: Path | str, fmt: str = "auto") -> list[Op]:
-    """The ops of a history file in `fmt` ("auto": detected); HistoryError naming the line."""
+    """The ops of a history file in `fmt` ("auto": detected); HistoryError naming the line, or the
+    file when no client op at all could be read from it (an empty file, or not a history)."""
     path = Path(path)
     if fmt in (None, "", "auto"):
         fmt = detect(path)
@@ -352,12 +454,19 @@ def read_history(path: Path | str, fmt: str = "auto") -> list[Op]:
         for n, op in enumerate(ops):
             if op.index is None or op.index < 0:
                 op.index = n
-        return ops
-    if fmt == "jepsen-edn":
-        return read_edn(path)
-    if fmt == "jepsen-log":
-        return read_log(path)
-    raise HistoryError(f"unknown format {fmt!r}; fix: use one of {', '.join(FORMATS)} or auto")
+    elif fmt == "jepsen-edn":
+        ops = read_edn(path)
+    elif fmt == "jepsen-log":
+        ops = read_log(path)
+    else:
+        raise HistoryError(f"unknown format {fmt!r}; fix: use one of {', '.join(FORMATS)} or auto")
+    if not any(op.process != NEMESIS_PROCESS for op in ops):
+        empty = not _text(path).strip()
+        what = "is empty" if empty else f"has no client op (read as {fmt})"
+        raise HistoryError(f"{path}: {what}; expected a history of invoke/ok/fail/info client ops, "
+                           f"as {_EXPECTED[fmt]}; fix: give the history file of a test run"
+                           + ("" if empty else ", or the right --format"))
+    return ops
 
 
 __all__ = ["FORMATS", "read_history", "read_edn", "read_log", "parse_edn", "detect", "EdnError"]

@@ -22,7 +22,10 @@ the operations that may go next are the calls before the first return entry; lin
 its two entries out of the list (O(1), undone on backtrack); a configuration (linearized set, model
 state) already explored is not explored again. The linearized set is a Python int used as a
 bitset, stored in the cache shifted past the first unlinearized operation (its low bits are all
-set), so entries stay small; states are hashed with the key.
+set), so entries stay small. States are interned: the walk and the cache hold a small int per distinct
+state, and each class of equal (f, value) ops keeps a table from state id to next state id, so a
+model step is computed, and a big state (a long appended string) hashed, once per state and class,
+and cache keys hash three ints.
 
 Indeterminate operations are kept out of the list (they never force a backtrack):
 - a crashed read has no effect and is dropped (Knossos's advice);
@@ -39,6 +42,14 @@ Two rules make the walk find a linearization of a correct history without backtr
   after which b is legal (ok ops, then indeterminate ones, less flexible first: a cas before a
   write), then the other ok ops by return time (a long op stays free for later), then the other
   indeterminate ops.
+For models whose state only grows between resets (`kv`: appends between puts; `set`: adds; the
+model's `reaches(state, value)` and `resets`), the reads that may go next but are illegal now also
+steer and prune: a move after which one such read can still be reached (its value extends the
+state) is tried first; and a move to a state from which one of them cannot be reached is skipped
+when that read returns before any reset still to go (an ok put not linearized, an indeterminate one
+not used) is called: no put can then come between, so the read's value must extend the state. This
+is what keeps key-value histories with many concurrent appends (Porcupine's kv tests) from trying
+every order of appends that no read ever sees.
 When the walk stalls (STALL_STEPS steps with no deeper configuration), it first tries to refute a
 window that ends at b: the ok ops wholly inside the window must be linearized, starting from an
 unknown state, with every other op that overlaps the window optional and each indeterminate op
@@ -58,6 +69,7 @@ was illegal there, plus the ops that overlap that stretch (for the report's diag
 """
 from __future__ import annotations
 
+import bisect
 import concurrent.futures as cf
 import multiprocessing
 import time
@@ -78,6 +90,7 @@ DEFAULTS: dict[str, Any] = {
     "parallel": True,            # check partitions in worker processes when it pays
     "parallel_min_ops": 4000,    # ... that is, with at least this many ops over several partitions
     "workers": 2,
+    "initial": None,             # the model's initial state as a JSON value (Model.initial); None: its own
     "refute": True,              # try to refute a window when the search stalls
     "stall_steps": None,         # steps without progress that count as a stall (None: STALL_STEPS)
     "rewind_ops": None,          # ops abandoned at the first stall (None: REWIND_OPS)
@@ -87,8 +100,13 @@ ANOMALY = "nonlinearizable"
 
 STALL_STEPS = 20_000     # search steps without a deeper configuration before the walk counts as stuck
 REWIND_OPS = 64          # ops of the walk abandoned at the first stall (doubling at each next one)
+REFUTE_SHARE = 0.5       # refutation windows may cost this share of the search so far (time, cache)
+REFUTE_MIN_S = 0.05      # ... but at least this many seconds
 MAX_REWINDS = 8          # after that many, the walk runs to the end (the search stays exhaustive)
+MAX_GUARDS = 4           # ... and at most this many of those reads
+GUARD_ENTRIES = 32       # list entries looked at for reads that bound a growing model's next states
 BUCKET = 16              # crashed-op sets kept per (linearized set, state) in the cache
+MEMO_BYTES = 100         # a transition table entry (two ints in a dict), plus its share of the states
 ENTRY_BYTES = 300        # a cache entry's memory besides its linearized set (key tuple, dict slot, state)
 
 _NEMESIS = {NEMESIS_PROCESS, "nemesis", ":nemesis"}
@@ -105,6 +123,8 @@ def check(history: list[Op], opts: dict[str, Any] | None = None) -> CheckResult:
     t0 = time.monotonic()
     try:
         model = M.get(str(o["model"]))
+        if o.get("initial") is not None:
+            model.initial(o["initial"])               # a bad initial state is an input error
         prep = prepare(history, model, o)
     except (ModelError, LinearInputError) as e:
         return CheckResult("unknown", {}, {"error": str(e), "input_error": True,
@@ -120,7 +140,7 @@ def check(history: list[Op], opts: dict[str, Any] | None = None) -> CheckResult:
                 and n_ops >= int(o.get("parallel_min_ops") or 0))
     sopts = {"deadline": deadline, "max_cache": o.get("max_cache"), "refute": bool(o.get("refute", True)),
              "max_memory_mb": o.get("max_memory_mb"),
-             "stall_steps": o.get("stall_steps"), "rewind_ops": o.get("rewind_ops")}
+             "stall_steps": o.get("stall_steps"), "rewind_ops": o.get("rewind_ops"), "initial": o.get("initial")}
     if parallel:
         results = _run_parallel(jobs, sopts, workers)
     else:
@@ -188,7 +208,7 @@ def prepare(history: list[Op], model: M.Model, o: dict[str, Any]) -> dict[str, A
             raise ModelError(f"op {_where(history, ipos)}: {e}") from None
         iv = inv.value
         cv = comp.value if comp is not None else None
-        key: Any = inv.key or (comp.key if comp is not None else "") or ""
+        key: Any = inv.key if _has_key(inv) else comp.key if comp is not None and _has_key(comp) else ""
         if independent:
             if not _is_pair(iv) and not _is_pair(cv):
                 raise LinearInputError(f"op {_where(history, ipos)}: value {iv!r} is not a "
@@ -207,7 +227,7 @@ def prepare(history: list[Op], model: M.Model, o: dict[str, Any]) -> dict[str, A
         p = parts.setdefault(M.freeze(key), {"real": [], "crashed": []})
         if ctype == OK:
             p["real"].append((t(ipos), t(cpos), f, value, ipos, cpos))
-        elif model.crash_step(f) is None:
+        elif model.is_pure(f, value):
             counts["crashed_reads_dropped"] += 1
         else:
             p["crashed"].append((t(ipos), f, value, ipos, -1 if cpos is None else cpos))
@@ -218,13 +238,20 @@ def prepare(history: list[Op], model: M.Model, o: dict[str, Any]) -> dict[str, A
             "independent": bool(independent), "use_times": use_times, "t": t}
 
 
+def _has_key(op: Op) -> bool:
+    """Whether the op names its key (a `:key` field, our `key`); 0 and False are keys too."""
+    return op.key is not None and op.key != ""
+
+
 def _looks_independent(client: list[tuple[int, Op]], model: M.Model) -> bool:
     """jepsen.independent histories carry [key value] in every op (reads too) and no op.key."""
     if not client:
         return False
     for _, op in client:
-        if op.key or not _is_pair(op.value):
+        if _has_key(op) or not _is_pair(op.value):
             return False
+        if model.name == "multi-register" and M.is_txn(op.value):
+            return False                            # a txn of two micro-ops, not [key txn]
         if model.name == "cas-register" and str(op.f).lstrip(":") == "cas" and op.value[1] is not None \
                 and not _is_pair(op.value[1]):
             return False
@@ -248,7 +275,8 @@ def check_partition(model_name: str, real: list[tuple], crashed: list[tuple], so
     deadline = sopts.get("deadline")
     max_cache = sopts.get("max_cache")
     refute = sopts.get("refute", True) and model.unknown() is not None
-    s = _Search(model, real, crashed, model.init(), deadline, max_cache,
+    init = model.init() if sopts.get("initial") is None else model.initial(sopts["initial"])
+    s = _Search(model, real, crashed, init, deadline, max_cache,
                 max_memory_mb=sopts.get("max_memory_mb"))
     refutations = rewinds = 0
     tried: set[int] = set()
@@ -266,7 +294,10 @@ def check_partition(model_name: str, real: list[tuple], crashed: list[tuple], so
         if refute and blocker is not None and blocker not in tried:
             tried.add(blocker)
             refutations += 1
-            w = _refute(model, real, crashed, blocker, deadline)
+            # the windows may take up to REFUTE_SHARE of what the search has cost so far (steps,
+            # and time): a refutation that fails must not cost more than the search it would spare
+            w = _refute(model, real, crashed, blocker, deadline,
+                        max(REFUTE_MIN_S, (time.monotonic() - t0) * REFUTE_SHARE), int(s.steps * REFUTE_SHARE))
             if w is not None:
                 s.refuted = w
                 out = False
@@ -302,7 +333,15 @@ class _Search:
         self.n = n
         self.rstep = [model.step(r[2]) for r in real]
         self.rval = [r[3] for r in real]
-        self.rpure = [model.crash_step(r[2]) is None for r in real]     # reads: they change nothing
+        # States are interned: the walk and the cache hold small ints (an id per distinct state), and
+        # each class of equal (f, value) ops keeps a table state id -> next state id (-1: illegal),
+        # so a step is computed, and a big state (a long appended value) hashed, once per state.
+        self.sv: list[Any] = [init]                 # id -> state
+        self.sids: dict[Any, int] = {init: 0}       # state -> id
+        self.nmemo = 0                              # entries in the transition tables
+        tables: dict[Any, dict[int, int]] = {}
+        self.rt = [tables.setdefault((0, r[2], r[3]), {}) for r in real]
+        self.rpure = [model.is_pure(r[2], r[3]) for r in real]     # reads: they change nothing
         # entries: (time, 0 call / 1 return, op); calls sort before returns at equal times
         ev = sorted([(r[0], 0, i) for i, r in enumerate(real)] + [(r[1], 1, i) for i, r in enumerate(real)])
         m = len(ev)
@@ -333,11 +372,21 @@ class _Search:
         self.cstep = []
         self.cval = []
         self.cprio = []
+        self.ct = []
         for (f, v, known), _ in order:
             self.cstep.append(model.step(f) if known else model.crash_step(f))
             self.cval.append(v)
             self.cprio.append(model.crash_priority(f))
+            self.ct.append(tables.setdefault((1 if known else 2, f, v), {}))
         self.ccount = [0] * len(self.cls_ops)
+        # models whose state only grows between resets (kv: appends between puts; set: adds)
+        self.reaches = getattr(model, "reaches", None)
+        resets = getattr(model, "resets", frozenset())
+        self.rreset = [r[2] in resets for r in real]
+        self.creset = [f in resets for (f, v, known), _ in order]
+        self.resets_ok = [i for i in range(n) if self.rreset[i]]            # by call time
+        self.resets_crashed = sorted((ccall_c, kk, pos) for kk, ids in enumerate(self.cls_ops) if self.creset[kk]
+                                     for pos, ccall_c in enumerate(crashed[c][0] for c in ids))
         self.deadline = deadline
         self.max_cache = max_cache
         self.cache: dict[Any, Any] = {}
@@ -346,7 +395,7 @@ class _Search:
         self.max_bytes = None if max_memory_mb is None else int(max_memory_mb * 2 ** 20)
         self.steps = 0
         # the walk's state
-        self.state = init
+        self.state = 0
         self.init = init
         self.lin = 0
         self.cb = 0
@@ -354,9 +403,45 @@ class _Search:
         self.stack: list[tuple] = []
         self.node: tuple = (None, 0)           # the current node's moves, the next one to try
         self.best_depth = -1
-        self.best: tuple[list[tuple], Any] = ([], init)
+        self.best: tuple[list[tuple], Any] = ([], 0)
         self.refuted: dict[str, Any] | None = None
         self.done: Any = None
+
+    def next_reset(self, lin: int) -> Any:
+        """The earliest call time of a reset op (a put) still to go: an ok one not linearized or an
+        indeterminate one not used (it may take effect any time after its call); inf if none."""
+        t = float("inf")
+        ro = self.resets_ok
+        if ro:
+            f0 = self.eop[self.nxt[self.head]]          # every op called before it is linearized
+            k = bisect.bisect_left(ro, f0)
+            while k < len(ro) and lin >> ro[k] & 1:
+                k += 1
+            if k < len(ro):
+                t = self.real[ro[k]][0]
+        ccount, reuse = self.ccount, self.reuse
+        for call, kk, pos in self.resets_crashed:
+            if reuse or pos >= ccount[kk]:
+                if call < t:
+                    t = call
+                break
+        return t
+
+    def trans(self, step: Any, value: Any, table: dict[int, int], sid: int) -> int:
+        """The id of the state after an op (step, value) from state id `sid` (-1: illegal), computed
+        and remembered in the op class's table."""
+        ns = step(self.sv[sid], value)
+        if ns is ILLEGAL:
+            out = -1
+        else:
+            out = self.sids.get(ns)
+            if out is None:
+                out = len(self.sv)
+                self.sids[ns] = out
+                self.sv.append(ns)
+        table[sid] = out
+        self.nmemo += 1
+        return out
 
     def run(self, stall_after: int | None = None) -> Any:
         """True (linearizable), False (not), "stalled", or an unknown reason ("time limit", ...)."""
@@ -366,11 +451,13 @@ class _Search:
             self.done = True
             return True
         nxt, prv, eop, eret, etime, match = self.nxt, self.prv, self.eop, self.eret, self.etime, self.match
-        rstep, rval, rpure = self.rstep, self.rval, self.rpure
+        rstep, rval, rpure, rt = self.rstep, self.rval, self.rpure, self.rt
         cls_ops, cls_first, ccall, cstep, cval, ccount = (self.cls_ops, self.cls_first, self.ccall,
                                                           self.cstep, self.cval, self.ccount)
+        ct, trans, sv = self.ct, self.trans, self.sv
         ncls = len(cls_ops)
         cprio = self.cprio
+        reaches, rreset, creset, real = self.reaches, self.rreset, self.creset, self.real
         reuse = self.reuse
         cache = self.cache
         head, tail = self.head, self.tail
@@ -399,7 +486,8 @@ class _Search:
                 if max_cache is not None and size > max_cache:
                     result = "cache limit"
                     break
-                if max_bytes is not None and size * ENTRY_BYTES + bits // 8 > max_bytes:
+                if max_bytes is not None and (size * ENTRY_BYTES + bits // 8 + self.nmemo * MEMO_BYTES
+                                              > max_bytes):
                     result = "memory limit"
                     break
                 if stall_after is not None and steps - last_best > stall_after:
@@ -410,17 +498,23 @@ class _Search:
                 # whose op b must be linearized before anything that starts later; an indeterminate
                 # op (the earliest unused one of its class) may go whenever it has been called.
                 # Order: b itself, then the moves after which b is legal, then the other ok ops by
-                # return time (long ops stay free for later), then the other indeterminate ones.
+                # return time (long ops stay free for later), then the other indeterminate ones;
+                # for growing models, moves towards a waiting read first (see the module docstring).
                 e = nxt[head]
                 real_kids = []
                 read = None
+                targets = []
                 while eret[e] == 0:
                     i = eop[e]
-                    ns = rstep[i](state, rval[i])
-                    if ns is not ILLEGAL:
-                        if rpure[i] and ns is state and (read is None or match[e] < match[read[1]]):
+                    ns = rt[i].get(state)
+                    if ns is None:
+                        ns = trans(rstep[i], rval[i], rt[i], state)
+                    if ns >= 0:
+                        if rpure[i] and ns == state and (read is None or match[e] < match[read[1]]):
                             read = (0, e, i, ns)
                         real_kids.append((match[e], e, i, ns))
+                    elif rpure[i] and reaches is not None:
+                        targets.append(i)
                     e = nxt[e]
                 if read is not None:
                     # A read that is legal now goes now, with no alternative: it changes nothing,
@@ -431,17 +525,76 @@ class _Search:
                     continue
                 b = eop[e]
                 tret = etime[e]
-                bstep, bval = rstep[b], rval[b]
+                bstep, bval, bt = rstep[b], rval[b], rt[b]
                 kids = []
                 later = []
+                guards = None
+                if reaches is not None and (len(real_kids) > 1 or ncls):
+                    # Models that only grow between resets (kv, set): a read still to go that returns
+                    # before any reset (put) still to go can be called is linearized at a state grown
+                    # from the next one, so a move to a state that cannot grow into its value is a
+                    # dead end (skipped). The reads looked at: the next GUARD_ENTRIES entries' returns.
+                    t_reset = self.next_reset(lin)
+                    guards = []
+                    x = e
+                    for _ in range(GUARD_ENTRIES):
+                        if x == tail or etime[x] >= t_reset:
+                            break
+                        if eret[x]:
+                            g = eop[x]
+                            if rpure[g] and rval[g] is not None:
+                                guards.append(rval[g])
+                                if len(guards) >= MAX_GUARDS:
+                                    break
+                        x = nxt[x]
                 if real_kids:
                     if len(real_kids) > 1:
                         real_kids.sort()
-                    for rk in real_kids:
-                        if rk[2] == b or bstep(rk[3], bval) is not ILLEGAL:
-                            kids.append((0, rk[1], rk[2], rk[3]))
-                        else:
-                            later.append((0, rk[1], rk[2], rk[3]))
+                    bnow = bt.get(state)
+                    if bnow is None:
+                        bnow = trans(bstep, bval, bt, state)
+                    if targets or guards:
+                        ranked = []
+                        tvals = [rval[g] for g in targets] + (guards or [])
+                        for rk in real_kids:
+                            st = sv[rk[3]]
+                            if guards and not rreset[rk[2]]:
+                                dead = False
+                                for v in guards:
+                                    if not reaches(st, v):
+                                        dead = True
+                                        break
+                                if dead:
+                                    continue
+                            h = rk[2] == b
+                            if not h and bnow < 0:
+                                x = bt.get(rk[3])
+                                if x is None:
+                                    x = trans(bstep, bval, bt, rk[3])
+                                h = x >= 0
+                            t = False
+                            for v in tvals:
+                                if reaches(st, v):
+                                    t = True
+                                    break
+                            r = (0 if h else 1) if t else (2 if h else 3)
+                            ranked.append((r, rk))
+                        if len(ranked) > 1:
+                            ranked.sort(key=lambda x: x[0])
+                        for r, rk in ranked:
+                            (kids if r < 3 else later).append((0, rk[1], rk[2], rk[3]))
+                    else:
+                        for rk in real_kids:
+                            h = rk[2] == b
+                            if not h:
+                                x = bt.get(rk[3])
+                                if x is None:
+                                    x = trans(bstep, bval, bt, rk[3])
+                                h = x >= 0
+                            if h:
+                                kids.append((0, rk[1], rk[2], rk[3]))
+                            else:
+                                later.append((0, rk[1], rk[2], rk[3]))
                 helpers = []
                 for kk in range(ncls):
                     if cls_first[kk] > tret:
@@ -451,9 +604,21 @@ class _Search:
                     if jj < len(ids):
                         c = ids[jj]
                         if ccall[c] <= tret:
-                            ns = cstep[kk](state, cval[kk])
-                            if ns is not ILLEGAL:
-                                if bstep(ns, bval) is not ILLEGAL:
+                            tk = ct[kk]
+                            ns = tk.get(state)
+                            if ns is None:
+                                ns = trans(cstep[kk], cval[kk], tk, state)
+                            if ns >= 0 and guards and not creset[kk]:
+                                st = sv[ns]
+                                for v in guards:
+                                    if not reaches(st, v):
+                                        ns = -1
+                                        break
+                            if ns >= 0:
+                                x = bt.get(ns)
+                                if x is None:
+                                    x = trans(bstep, bval, bt, ns)
+                                if x >= 0:
                                     helpers.append((cprio[kk], ccall[c], kk, c, ns))
                                 else:
                                     later.append((1, kk, c, ns))
@@ -625,12 +790,12 @@ class _Search:
         out = []
         for n, fr in enumerate(frames):
             after = frames[n + 1][2] if n + 1 < len(frames) else last
-            out.append(("ok" if fr[0] == 0 else "crashed", fr[5], after))
+            out.append(("ok" if fr[0] == 0 else "crashed", fr[5], self.sv[after]))
         return out
 
     def counterexample(self, model: M.Model) -> dict[str, Any]:
         lin = self.linearized()
-        state = self.best[1]
+        state = self.sv[self.best[1]]
         done = {i for kind, i, _ in lin if kind == "ok"}
         rest = [i for i in range(self.n) if i not in done]
         out: dict[str, Any] = {"prefix": [(kind, i, model.describe(s)) for kind, i, s in lin],
@@ -642,11 +807,28 @@ class _Search:
         # reached: it is the first move tried); nor can the other ops listed, called before it returns.
         blocker = min(rest, key=lambda i: (self.real[i][1], self.real[i][0], i))
         tb = self.real[blocker][1]
-        out["op"] = blocker
-        for i in sorted(rest, key=lambda i: (i != blocker, self.real[i][1])):
-            if self.real[i][0] <= tb and self.rstep[i](state, self.rval[i]) is ILLEGAL:
+        culprit = self.culprit(state, done, blocker)
+        out["op"] = blocker if culprit is None else culprit
+        for i in sorted(rest, key=lambda i: (i != out["op"], i != blocker, self.real[i][1])):
+            if i == culprit or (self.real[i][0] <= tb and self.rstep[i](state, self.rval[i]) is ILLEGAL):
                 out["cannot_place"].append(i)
         return out
+
+    def culprit(self, state: Any, done: set[int], b: int) -> int | None:
+        """For a growing model, when the op b that must go next is legal there but was skipped as a
+        dead end, the read still to go that rules it out, the one to name: it is illegal here or
+        called after b returns, and no state grown from after b reaches its value before a reset
+        can come. None otherwise."""
+        reaches = self.reaches
+        if reaches is None or self.rreset[b]:
+            return None
+        nb = self.rstep[b](state, self.rval[b])
+        if nb is ILLEGAL:
+            return None
+        t_reset = self.next_reset(sum(1 << i for i in done))
+        cands = [i for i in range(self.n) if i not in done and self.rpure[i] and self.rval[i] is not None
+                 and self.real[i][1] < t_reset and not reaches(nb, self.rval[i])]
+        return min(cands, key=lambda i: (self.real[i][1], i)) if cands else None
 
 
 def _add_entry(ents: list[int], cb: int) -> int | None:
@@ -668,11 +850,14 @@ def _add_entry(ents: list[int], cb: int) -> int | None:
 # ------------------------------------------------------------------------------------------ refutation
 
 def _refute(model: M.Model, real: list[tuple], crashed: list[tuple], blocker: int,
-            deadline: float | None) -> dict[str, Any] | None:
+            deadline: float | None, seconds: float = 10.0, steps: int = 10 ** 9) -> dict[str, Any] | None:
     """Try windows that end where the search is stuck; the first one with no linearization (from an
-    unknown state, everything overlapping it optional) proves the whole partition invalid."""
+    unknown state, everything overlapping it optional) proves the whole partition invalid. All the
+    windows together stop after `seconds` (and each after `steps` cache entries)."""
+    end = time.time() + seconds
+    deadline = end if deadline is None else min(deadline, end)
     for width in (8, 32, 128):
-        w = _window(model, real, crashed, blocker, width, deadline)
+        w = _window(model, real, crashed, blocker, width, deadline, steps)
         if w is not None and w.get("refuted"):
             return w
         if w is None or (deadline is not None and time.time() > deadline):
@@ -681,7 +866,7 @@ def _refute(model: M.Model, real: list[tuple], crashed: list[tuple], blocker: in
 
 
 def _window(model: M.Model, real: list[tuple], crashed: list[tuple], blocker: int, width: int,
-            deadline: float | None) -> dict[str, Any] | None:
+            deadline: float | None, steps: int = 10 ** 9) -> dict[str, Any] | None:
     """Search the window of the `width` ok ops (by return) that end with `blocker`: those wholly
     inside it are mandatory, every other op overlapping it optional, the start state unknown.
     {"refuted": True, ...} if it has no linearization; None if the window is the whole history."""
@@ -699,10 +884,10 @@ def _window(model: M.Model, real: list[tuple], crashed: list[tuple], blocker: in
     wreal = sorted((real[i] for i in mand), key=lambda r: (r[0], r[1], r[4]))   # by call, as _Search needs
     opt: list[tuple] = []
     for i, r in enumerate(real):
-        if i not in mset and r[0] <= hi and r[1] >= lo and model.crash_step(r[2]) is not None:
+        if i not in mset and r[0] <= hi and r[1] >= lo and not model.is_pure(r[2], r[3]):
             opt.append((r[0], r[2], r[3], r[4], r[5], True))       # optional, output known
     opt += [c for c in crashed if c[0] <= hi]
-    budget = 20_000 * (1 + width // 32)
+    budget = max(2000, min(steps, 20_000 * (1 + width // 32)))
     dl = time.time() + 0.3 + width / 200
     if deadline is not None:
         dl = min(dl, deadline)
@@ -800,7 +985,7 @@ def op_json(history: list[Op], prep: dict[str, Any], ipos: int, cpos: int | None
     t = prep["t"]
     inv = history[ipos]
     src = history[cpos] if cpos is not None and cpos >= 0 else inv
-    d = M.thaw(_plain(src.to_json()))
+    d = M.thaw(_plain(_op_dict(src)))
     if src is inv:
         d["type"] = INFO if cpos is not None and cpos >= 0 else "invoke"
         d["time_ns"] = None
@@ -813,6 +998,14 @@ def op_json(history: list[Op], prep: dict[str, Any], ipos: int, cpos: int | None
     if d.get("index") is None or d["index"] < 0:
         d["index"] = cpos if cpos is not None and cpos >= 0 else ipos
     return d
+
+
+def _op_dict(op: Op) -> dict[str, Any]:
+    """Op.to_json() without dataclasses.asdict's deep copy (the caller copies what it keeps)."""
+    mid = op.message_id
+    return {"process": op.process, "type": op.type, "f": op.f, "key": op.key, "value": op.value,
+            "message_id": None if mid is None else mid.__dict__.copy(), "node": op.node, "error": op.error,
+            "time_ns": op.time_ns, "index": op.index}
 
 
 def _plain(v: Any) -> Any:

@@ -575,9 +575,14 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _lin_args(p: argparse.ArgumentParser) -> None:
     _strict_usage(p)
-    p.add_argument("file", metavar="FILE", help="a history: history.jsonl, Jepsen EDN (a map a line) or a Jepsen log")
+    p.add_argument("file", metavar="FILE", help="a history: history.jsonl, Jepsen or Knossos EDN (op maps, a map "
+                                                "a line or all in one vector) or a Jepsen log")
     p.add_argument("--model", required=True, metavar="MODEL",
-                   help="register, cas-register, kv, fifo-queue, set or mutex (aliases: queue, lease)")
+                   help="register, cas-register, kv, fifo-queue, set, mutex or multi-register (aliases: queue, "
+                        "lease)")
+    p.add_argument("--initial", default=None, metavar="JSON",
+                   help="the model's initial state, as Knossos's models take one: e.g. 0 for a register, "
+                        "'{\"x\": 0, \"y\": 0}' for a multi-register, [1, 2] for a queue (default: nil / empty)")
     p.add_argument("--format", default="auto", choices=("auto", "jsonl", "jepsen-edn", "jepsen-log"))
     p.add_argument("--time-limit", type=float, default=None, metavar="S", help="give up (unknown) after S seconds")
     p.add_argument("--max-cache", type=int, default=None, metavar="N",
@@ -599,6 +604,16 @@ def _lin(args: argparse.Namespace) -> int:
     except (models.ModelError, HistoryError) as e:
         _usage_error(f"{e}" + ("" if "fix:" in str(e) else " (fix: pick one of those models with --model)"))
     opts: dict[str, Any] = {"model": model.name, "time_limit_s": args.time_limit, "independent": args.independent}
+    if args.initial is not None:
+        try:
+            opts["initial"] = json.loads(args.initial)
+        except ValueError as e:
+            _usage_error(f"--initial {args.initial!r} is not JSON ({e}) (fix: e.g. --initial 0, --initial '\"a\"' "
+                         f"or --initial '{{\"x\": 0}}')")
+        try:
+            model.initial(opts["initial"])
+        except models.ModelError as e:
+            _usage_error(f"--initial: {e} (fix: give the {model.name} model's state as JSON)")
     if args.max_cache is not None:
         opts["max_cache"] = args.max_cache
     r = linear.check(history, opts)
@@ -617,7 +632,9 @@ def _lin(args: argparse.Namespace) -> int:
     else:
         st = r.stats
         n = st["ops"]
-        what = (f"{model.name}, {n['ok']} ok / {n['info'] + n['unfinished']} indeterminate ops, "
+        checked = n["ok"] + n["info"] + n["unfinished"]
+        what = (f"{model.name}, {checked} op{'s' if checked != 1 else ''} checked: {n['ok']} ok, "
+                f"{n['info'] + n['unfinished']} indeterminate ({n['fail']} failed, left out), "
                 f"{st['partitions']} key{'s' if st['partitions'] != 1 else ''}, {st['seconds']} s")
         if r.valid is True:
             print(f"valid: linearizable ({what})")

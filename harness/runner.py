@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Iterator, TextIO
 
 from core import store
-from core.history import CheckResult, Journal
+from core.history import NEMESIS_PROCESS, CheckResult, HistoryError, Journal
 from core.spec import SpecError, TestSpec, from_mapping, load
 from core.store import EXIT_CRASH
 from harness import plugins
@@ -585,17 +585,26 @@ def collect_node_logs(cluster_dir: Path, dest: Path) -> None:
 
 # ------------------------------------------------------------------------------------ from disk
 
-def recheck(run_dir: Path | str, out: TextIO | None = sys.stdout) -> int:
+def recheck(run_dir: Path | str, out: TextIO | None = sys.stdout, require_ops: bool = True) -> int:
     """`pulsar-chaos check`: merge the journals if the run never did, re-run the checkers, rewrite
     results.json (keeping the run's own errors: an interrupted run stays unknown); the exit code.
 
-    Raises HistoryError (naming the file and the fix) for a bad run folder or corrupt history."""
+    Raises HistoryError (naming the file and the fix) for a bad run folder or corrupt history, and,
+    with `require_ops`, for a history with no client op (nothing to check: a verdict on it would
+    say nothing; results.json is left as it was)."""
     run_dir = store.check_run_dir(run_dir)
     old = store.read_results(run_dir)
     if not (run_dir / store.HISTORY_JSONL).exists() and store.journal_paths(run_dir):
         history = store.merge(run_dir)
     else:
         history = store.load_history(run_dir)
+    if require_ops and not any(op.process != NEMESIS_PROCESS for op in history):
+        why = ""
+        if old is not None and (old.get("error") or (old.get("run") or {}).get("errors")):
+            why = f" (the run recorded: {old.get('error') or '; '.join((old.get('run') or {}).get('errors'))})"
+        raise HistoryError(f"{run_dir / store.HISTORY_JSONL}: no client op in the history{why}; expected the "
+                           f"invoke/ok/fail/info ops of the workload's clients; fix: rerun the test, or check the "
+                           f"run folder it wrote")
     if old is not None and isinstance(old.get("run"), dict):
         run_info = dict(old["run"])
         if "errors" in run_info:          # the run's own errors (not the checkers')
@@ -638,5 +647,5 @@ def rereport(run_dir: Path | str) -> Path:
     run_dir = store.check_run_dir(run_dir)
     if store.read_results(run_dir) is None or (
             not (run_dir / store.HISTORY_JSONL).exists() and store.journal_paths(run_dir)):
-        recheck(run_dir, out=None)
+        recheck(run_dir, out=None, require_ops=False)
     return report_mod.render(run_dir)

@@ -81,6 +81,16 @@ class Model:
     def init(self) -> Any:
         return None
 
+    def initial(self, value: Any) -> Any:
+        """The state a user's initial value (`--initial JSON`) stands for; ModelError if it cannot be
+        one. Registers and kv keys take the value itself."""
+        return freeze(value)
+
+    def is_pure(self, f: str, value: Any) -> bool:
+        """Whether the op never changes the state (a read): an indeterminate one is dropped, and one
+        that is legal now is linearized at once."""
+        return self.crash_step(f) is None
+
     def unknown(self) -> Any:
         """The "any state" state, or None when this model has none."""
         return None
@@ -236,6 +246,18 @@ class KV(Model):
     def crash_step(self, f: str) -> Step | None:
         return None if f == "get" else self.step(f)
 
+    resets = frozenset(("put",))
+
+    @staticmethod
+    def reaches(s: Any, v: Any) -> bool:
+        """Whether appends from state s can make a get return v (v starts with s); True when s is
+        not a known value (absent, or only its end known)."""
+        if type(s) is str:
+            return type(v) is str and v.startswith(s)
+        if type(s) is tuple:
+            return type(v) is tuple and v[:len(s)] == s
+        return True
+
     def describe(self, state: Any) -> Any:
         if type(state) is Partial:
             return {"ends_with": thaw(state.suffix)}
@@ -269,6 +291,11 @@ class FifoQueue(Model):
 
     def init(self) -> Any:
         return ()
+
+    def initial(self, value: Any) -> Any:
+        if not isinstance(value, (list, tuple)):
+            raise ModelError(f"a fifo-queue's initial state is a list (head first), not {value!r}")
+        return tuple(freeze(x) for x in value)
 
     def step(self, f: str) -> Step:
         return _enqueue if f == "enqueue" else _dequeue
@@ -320,6 +347,11 @@ class SetModel(Model):
     def init(self) -> Any:
         return frozenset()
 
+    def initial(self, value: Any) -> Any:
+        if not isinstance(value, (list, tuple, set, frozenset)):
+            raise ModelError(f"a set's initial state is a list of its members, not {value!r}")
+        return frozenset(freeze(x) for x in value)
+
     def unknown(self) -> Any:
         return UNKNOWN
 
@@ -334,6 +366,13 @@ class SetModel(Model):
 
     def step(self, f: str) -> Step:
         return _set_add if f == "add" else _set_read
+
+    @staticmethod
+    def reaches(s: Any, v: Any) -> bool:
+        """Whether adds from set s can make a read return v (s is a subset of v)."""
+        if type(s) is frozenset:
+            return isinstance(v, frozenset) and s <= v
+        return True
 
     def crash_step(self, f: str) -> Step | None:
         return None if f == "read" else _set_add
@@ -364,6 +403,13 @@ class Mutex(Model):
     def init(self) -> Any:
         return False
 
+    def initial(self, value: Any) -> Any:
+        if value in (True, "held"):
+            return True
+        if value in (False, "free"):
+            return False
+        raise ModelError(f'a mutex\'s initial state is "held" or "free" (true or false), not {value!r}')
+
     def unknown(self) -> Any:
         return UNKNOWN
 
@@ -377,10 +423,115 @@ class Mutex(Model):
         return "?" if state is UNKNOWN else "held" if state else "free"
 
 
+# ------------------------------------------------------------------------------------------- multi-register
+
+_MICRO = {"read": "r", "r": "r", "write": "w", "w": "w"}
+
+
+class PartialMap:
+    """A multi-register state of which only some registers are known (from an UNKNOWN state)."""
+    __slots__ = ("items",)
+
+    def __init__(self, items: tuple):
+        self.items = items
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, PartialMap) and other.items == self.items
+
+    def __hash__(self) -> int:
+        return hash(("PartialMap", self.items))
+
+
+def _regs(items: tuple) -> tuple:
+    return tuple(sorted(items, key=repr))
+
+
+def _txn(s: Any, v: Any) -> Any:
+    partial = s is UNKNOWN or type(s) is PartialMap
+    regs = dict(() if s is UNKNOWN else s.items if partial else s)
+    for kind, k, x in v:
+        if kind == "w":
+            regs[k] = x
+        elif x is not None:
+            if k in regs:
+                if regs[k] != x:
+                    return ILLEGAL
+            elif partial:
+                regs[k] = x                         # an unknown register: the read tells its value
+            elif x is not None:
+                return ILLEGAL                      # never written (nil)
+    out = _regs(tuple(regs.items()))
+    return PartialMap(out) if partial else out
+
+
+def _txn_crashed(s: Any, v: Any) -> Any:
+    return _txn(s, tuple((kind, k, x) for kind, k, x in v if kind == "w"))
+
+
+class MultiRegister(Model):
+    """Knossos `multi-register`: a map of registers, read and written in one `txn` op whose value is
+    a list of micro-ops `[f k v]` (`f` read/r or write/w) applied in order, so a read sees the
+    writes before it in the same txn; a read of nil (value unknown) is always legal; a register
+    never written reads nil. Initially every register is nil, or `--initial {"x": 0, "y": 0}` (or a
+    list of [key value] pairs, for keys that are not strings), as `(multi-register {:x 0 :y 0})`."""
+    name = "multi-register"
+    fs = {"txn": "txn", "read": "txn", "write": "txn"}
+    summary = "txn [[read k v] [write k v] ...] over a map of registers; initially all nil"
+
+    def init(self) -> Any:
+        return ()
+
+    def initial(self, value: Any) -> Any:
+        if isinstance(value, dict):
+            pairs = list(value.items())
+        elif isinstance(value, (list, tuple)) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in value):
+            pairs = [tuple(p) for p in value]
+        else:
+            raise ModelError(f"a multi-register's initial state is a map of registers, e.g. "
+                             f'{{"x": 0, "y": 0}}, or a list of [key value] pairs, not {value!r}')
+        return _regs(tuple((freeze(k), freeze(x)) for k, x in pairs))
+
+    def unknown(self) -> Any:
+        return UNKNOWN
+
+    def norm(self, f: str, value: Any) -> Any:
+        if not isinstance(value, (list, tuple)):
+            raise ModelError(f"a txn needs a list of [f k v] micro-ops as its value, not {value!r}")
+        out = []
+        for m in value:
+            if not (isinstance(m, (list, tuple)) and len(m) == 3 and str(m[0]).lstrip(":") in _MICRO):
+                raise ModelError(f"a txn's micro-op is [read k v] or [write k v], not {m!r}")
+            out.append((_MICRO[str(m[0]).lstrip(":")], freeze(m[1]), freeze(m[2])))
+        return tuple(out)
+
+    def is_pure(self, f: str, value: Any) -> bool:
+        return all(kind == "r" for kind, _, _ in value)
+
+    def step(self, f: str) -> Step:
+        return _txn
+
+    def crash_step(self, f: str) -> Step | None:
+        return _txn_crashed             # the output is unknown: only its writes count
+
+    def describe(self, state: Any) -> Any:
+        if state is UNKNOWN:
+            return "?"
+        items = state.items if type(state) is PartialMap else state
+        d = {str(thaw(k)): thaw(x) for k, x in items}
+        return {"known": d} if type(state) is PartialMap else d
+
+
+def is_txn(v: Any) -> bool:
+    """Whether v looks like a multi-register txn (a list of [f k v] micro-ops)."""
+    return isinstance(v, (list, tuple)) and len(v) > 0 and all(
+        isinstance(m, (list, tuple)) and len(m) == 3 and str(m[0]).lstrip(":") in _MICRO for m in v)
+
+
 MODELS: dict[str, Model] = {m.name: m for m in (Register(), CasRegister(), KV(), FifoQueue(), SetModel(),
-                                                Mutex())}
+                                                Mutex(), MultiRegister())}
 ALIASES = {"queue": "fifo-queue", "fifo": "fifo-queue", "lease": "mutex", "lock": "mutex",
-           "cas": "cas-register", "key-value": "kv", "multi-key": "kv"}
+           "cas": "cas-register", "key-value": "kv", "multi-key": "kv", "multi": "multi-register",
+           "multiregister": "multi-register"}
 
 
 def get(name: str) -> Model:

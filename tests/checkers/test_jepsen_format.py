@@ -205,3 +205,93 @@ def test_lin_console_script(tmp_path):
     p = subprocess.run(cmd + ["lin", "--model", "register", str(DATA / "register-invalid.log")],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 1 and "INVALID" in p.stdout, p.stderr
+
+
+# ------------------------------------------------------------------------------------------ shapes
+
+ONE_A_LINE = """{:process 0, :type :invoke, :f :append, :key "4", :value "x 0 1 y"}
+{:process 0, :type :ok, :f :append, :key "4", :value "x 0 1 y"}
+{:process 1, :type :invoke, :f :get, :key "4", :value nil}
+{:process 1, :type :ok, :f :get, :key "4", :value "x 0 1 y"}
+"""
+
+
+def _shape(ops):
+    return [(o.process, o.type, o.f, o.key, o.value) for o in ops]
+
+
+def test_read_edn_whole_file_vector_list_and_multiline_maps(tmp_path):
+    want = _shape(read_edn(_write(tmp_path, "a.edn", ONE_A_LINE)))
+    assert want[0] == (0, "invoke", "append", "4", "x 0 1 y") and want[3][4] == "x 0 1 y"
+    maps = [line for line in ONE_A_LINE.splitlines()]
+    vector = ("; a Knossos-style file: one vector of op maps\n[" + maps[0] + "\n\n ; a comment\n "
+              + maps[1].replace(", ", ",\n   ") + "\n " + maps[2] + " " + maps[3] + "]\n")
+    assert _shape(read_edn(_write(tmp_path, "b.edn", vector))) == want
+    lst = "(" + "\n".join(m.replace(":f", "\n :f") for m in maps) + ")"
+    assert _shape(read_edn(_write(tmp_path, "c.edn", lst))) == want
+    spread = "\n".join(m.replace(", ", "\n  ") for m in maps) + "\n"
+    assert _shape(read_edn(_write(tmp_path, "d.edn", spread))) == want
+    records = "\n".join("#jepsen.history.Op" + m for m in maps)
+    assert _shape(read_edn(_write(tmp_path, "e.edn", records))) == want
+    assert detect(_write(tmp_path, "vector-noext", vector)) == "jepsen-edn"
+
+
+def test_read_edn_key_field_and_independent_tuples_side_by_side(tmp_path):
+    ops = read_edn(_write(tmp_path, "k.edn", '{:process 0, :type :invoke, :f :read, :key :x, :value nil}\n'
+                                            '{:process 0, :type :ok, :f :read, :key 3, :value [1 2]}\n'))
+    assert (ops[0].key, ops[1].key, ops[1].value) == ("x", 3, [1, 2])
+
+
+@pytest.mark.parametrize("text,line,what", [
+    ("[{:process 0, :type :invoke, :f :read}\n {:process 0, :type :ok, :f :read}\n", 2, "never closed"),
+    ("[{:process 0, :type :invoke, :f :read}]\n{:process 0, :type :ok, :f :read}\n", 2, "after the history"),
+    ("[{:process 0, :type :invoke,\n  :f :read}\n 7]\n", 3, "not a map"),
+    ("{:process 0, :type :invoke, :f :read,\n :value [1 2}\n", 2, "not a Jepsen op"),
+])
+def test_read_edn_errors_name_the_line(tmp_path, text, line, what):
+    with pytest.raises(HistoryError, match=rf"h\.edn:{line}: .*{what}.*fix:"):
+        read_edn(_write(tmp_path, "h.edn", text))
+
+
+def _write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize("text,fmt,what", [
+    ("", "auto", "is empty"),
+    ("\n  \n", "jepsen-edn", "is empty"),
+    ("root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n", "auto",
+     "has no client op"),
+    ("{:process :nemesis, :type :info, :f :start, :value nil}\n", "auto", "has no client op"),
+])
+def test_no_client_op_is_an_error_naming_the_file(tmp_path, text, fmt, what):
+    p = _write(tmp_path, "passwd", text)
+    with pytest.raises(HistoryError, match=rf"passwd: {what}.*expected .*fix:"):
+        read_history(p, fmt)
+
+
+@pytest.mark.parametrize("text,what", [
+    ("", "is empty"),
+    ("root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n", "has no client op"),
+])
+def test_lin_on_an_empty_file_or_no_history_exits_254_with_one_line(capsys, tmp_path, text, what):
+    p = _write(tmp_path, "passwd", text)
+    for model in ("kv", "cas-register"):
+        rc, out, err = lin(capsys, "--model", model, str(p))
+        assert rc == 254 and out == "", (rc, out)
+        assert err.count("\n") == 1 and err.startswith(f"error: {p}: {what}") and "fix:" in err, err
+
+
+def test_read_log_columns_aligned_with_spaces(tmp_path):
+    p = _write(tmp_path, "jepsen.log",
+               "INFO  jepsen.util - 1   :invoke :cas    [1 2]\n"
+               "INFO  jepsen.util - Relative time begins now\n"
+               "INFO  jepsen.util - 1   :fail   :cas    [1 2]   :precondition-failed\n"
+               "INFO  jepsen.util - 0   :invoke :read   nil\n"
+               "INFO  jepsen.util - 0   :ok     :read   3\n")
+    ops = read_log(p)
+    assert [(o.process, o.type, o.f, o.value, o.error) for o in ops] == [
+        (1, "invoke", "cas", [1, 2], ""), (1, "fail", "cas", [1, 2], "precondition-failed"),
+        (0, "invoke", "read", None, ""), (0, "ok", "read", 3, "")]

@@ -524,3 +524,37 @@ def test_cache_limit_gives_unknown_with_the_reason():
 
 def test_hard_history_is_decided_with_refutation():
     assert check(_hard(), {"model": "cas-register", "time_limit_s": 60}).valid is False
+
+
+def _appends_before_a_put(long_call: int) -> H:
+    """Five long appends that no read ever sees, concurrent with a put that hides them (when they go
+    before it), then 30 short appends each seen by a read, and a last read of them all."""
+    h = H()
+    for p in range(5):
+        h.inv(10 + p, "append", f"x{p}", key="k", at=long_call + p)
+    h.inv(1, "put", "p", key="k", at=50)
+    h.ok(1, "put", "p", key="k", at=60)
+    seen = "p"
+    t = 100
+    for n in range(30):
+        h.inv(2, "append", f"q{n}", key="k", at=t)
+        h.ok(2, "append", f"q{n}", key="k", at=t + 1)
+        seen += f"q{n}"
+        h.inv(3, "get", key="k", at=t + 2)
+        h.ok(3, "get", seen, key="k", at=t + 3)
+        t += 10
+    for p in range(5):
+        h.ok(10 + p, "append", f"x{p}", key="k", at=t + p)
+    h.inv(3, "get", key="k", at=t + 10)
+    h.ok(3, "get", seen, key="k", at=t + 11)
+    return h
+
+
+def test_kv_appends_no_read_sees_go_before_the_put_without_trying_every_order():
+    r = check(_appends_before_a_put(long_call=10).ops, {"model": "kv"})
+    assert r.valid is True
+    assert r.stats["search_steps"] < 2000, r.stats       # not every order of 5 appends x 30 places
+    bad = _appends_before_a_put(long_call=70)             # the appends begin after the put: seen or not
+    r = check(bad.ops, {"model": "kv"})
+    assert r.valid is False
+    assert r.stats["search_steps"] < 5000, r.stats

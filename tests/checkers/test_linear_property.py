@@ -18,7 +18,7 @@ from checkers import linear, models
 from core.history import Op
 
 NOPE = object()
-EXAMPLES = 500          # per model and mode: 6 models x 2 modes x 500 = 6,000 histories
+EXAMPLES = 500          # per model and mode: 7 models x 2 modes x 500 = 7,000 histories
 
 
 # ------------------------------------------------------------------------------------------ reference semantics
@@ -69,10 +69,19 @@ def ref_step(model: str, state, op: dict):
         if f == "acquire":
             return True if not state else NOPE
         return False if state else NOPE
+    if model == "multi-register":                                   # micro-ops in order
+        regs = dict(state)
+        for mf, k, x in (out if known else v):
+            if mf == "write":
+                regs[k] = x
+            elif known and x is not None and regs.get(k) != x:
+                return NOPE
+        return tuple(sorted(regs.items()))
     raise AssertionError(model)
 
 
-INIT = {"register": None, "cas-register": None, "kv": (), "fifo-queue": [], "set": frozenset(), "mutex": False}
+INIT = {"register": None, "cas-register": None, "kv": (), "fifo-queue": [], "set": frozenset(), "mutex": False,
+        "multi-register": ()}
 
 
 def brute_force(history: list[Op], model: str) -> bool:
@@ -120,7 +129,8 @@ def brute_force(history: list[Op], model: str) -> bool:
 # ------------------------------------------------------------------------------------------ histories
 
 FS = {"register": ("read", "write"), "cas-register": ("read", "write", "cas"), "kv": ("get", "put", "append"),
-      "fifo-queue": ("enqueue", "dequeue"), "set": ("add", "read"), "mutex": ("acquire", "release")}
+      "fifo-queue": ("enqueue", "dequeue"), "set": ("add", "read"), "mutex": ("acquire", "release"),
+      "multi-register": ("txn",)}
 READS = {"read", "get", "dequeue"}
 
 
@@ -131,6 +141,9 @@ def invoke_value(draw, model: str, f: str):
         return [draw(st.integers(0, 2)), draw(st.integers(0, 2))]
     if f in ("enqueue", "add"):
         return draw(st.integers(1, 3))
+    if f == "txn":
+        return [[mf, draw(st.sampled_from(("x", "y"))), None if mf == "read" else draw(st.integers(0, 2))]
+                for mf in draw(st.lists(st.sampled_from(("read", "write")), min_size=1, max_size=2))]
     return None
 
 
@@ -154,6 +167,15 @@ def apply_real(model: str, state, f: str, v, key: str):
         return (state[1:], True, state[0]) if state else (state, True, None)
     if model == "set":
         return (state | {v}, True, v) if f == "add" else (state, True, sorted(state))
+    if model == "multi-register":
+        regs, out = dict(state), []
+        for mf, k, x in v:
+            if mf == "write":
+                regs[k] = x
+                out.append([mf, k, x])
+            else:
+                out.append([mf, k, regs.get(k)])
+        return tuple(sorted(regs.items())), True, out
     if f == "acquire":
         return (True, True, None) if not state else (state, False, None)
     return (False, True, None) if state else (state, False, None)
@@ -167,6 +189,8 @@ def random_output(draw, model: str, f: str, v):
         return draw(st.one_of(st.none(), st.integers(1, 3)))
     if model == "set" and f == "read":
         return sorted(draw(st.sets(st.integers(1, 3))))
+    if f == "txn":
+        return [m if m[0] == "write" else [m[0], m[1], draw(st.one_of(st.none(), st.integers(0, 2)))] for m in v]
     return v
 
 

@@ -168,3 +168,18 @@ def test_check_and_report_on_a_killed_run_and_on_a_corrupt_history(tmp_path):
     out = run("check", str(run_dir))
     assert out.returncode == 254
     _one_line_error(out, f"{run_dir / 'history.jsonl'}:2")
+
+
+def test_check_of_a_run_whose_history_is_empty_is_one_line_and_254(tmp_path):
+    spec = Spec(test_name="e", results_dir=str(tmp_path)).resolved()
+    run_dir = store.create_run_dir(tmp_path, "e")
+    store.write_test_toml(run_dir, spec)
+    (run_dir / "history.jsonl").write_text("")
+    out = run("check", str(run_dir))
+    assert out.returncode == 254 and out.stdout == "", out
+    _one_line_error(out, f"{run_dir / 'history.jsonl'}: no client op in the history", "fix:")
+    assert not (run_dir / "results.json").exists()
+    (run_dir / "history.jsonl").write_text(_journal_line(process=-1, f="start", time_ns=1))   # nemesis only
+    out = run("check", str(run_dir))
+    assert out.returncode == 254
+    _one_line_error(out, "no client op")

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from core import store
 from harness import runner
-from core.history import Journal, Op
+from core.history import HistoryError, Journal, Op
 from core.spec import TestSpec as Spec
 
 
@@ -70,6 +72,10 @@ def test_failed_deploy_records_the_error(tmp_path):
     res = json.loads((run_dir / "results.json").read_text())
     assert res["error"] == "deploy: RuntimeError: no namespaces today"
     assert (run_dir / "history.jsonl").read_text() == "" and (run_dir / "report.html").exists()
-    # check keeps the run's own error: an unfinished run stays unknown
-    assert runner.recheck(run_dir, out=None) == 2
+    # check of a run that recorded no op is an error naming the history and the run's own error, and
+    # leaves results.json as the run wrote it (unknown)
+    with pytest.raises(HistoryError, match=r"history\.jsonl: no client op in the history \(the run recorded: "
+                                           r"deploy: RuntimeError: no namespaces today\); expected .*fix:"):
+        runner.recheck(run_dir, out=None)
     assert json.loads((run_dir / "results.json").read_text())["error"] == "deploy: RuntimeError: no namespaces today"
+    assert runner.rereport(run_dir).exists()          # the report is still made
