@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Iterator, TextIO
 
 from core import store
-from core.history import NEMESIS_PROCESS, CheckResult, HistoryError, Journal
+from core.history import CheckResult, HistoryError, Journal
 from core.spec import SpecError, TestSpec, from_mapping, load
 from core.store import EXIT_CRASH
 from harness import plugins
@@ -598,7 +598,7 @@ def recheck(run_dir: Path | str, out: TextIO | None = sys.stdout, require_ops: b
         history = store.merge(run_dir)
     else:
         history = store.load_history(run_dir)
-    if require_ops and not any(op.process != NEMESIS_PROCESS for op in history):
+    if require_ops and not any(op.process >= 0 for op in history):      # clients; the nemesis and observers < 0
         why = ""
         if old is not None and (old.get("error") or (old.get("run") or {}).get("errors")):
             why = f" (the run recorded: {old.get('error') or '; '.join((old.get('run') or {}).get('errors'))})"
