@@ -3,10 +3,16 @@ the cluster back to balanced after three of six brokers leave (6 -> 3) and after
 (3 -> 6), per seed, as the `balance` checker measures it (checkers/balance.py: the time from the event
 until the live brokers' load-score spread is at most 0.10 and their topic spread under its target).
 
-    .venv/bin/python bench/lb_scale.py [--seeds 3] [--results DIR]
+    .venv/bin/python -m bench.lb_scale [--seeds 3] [--results DIR]
 
 Each run is one `pulsar-chaos run` (its command line is printed): six brokers, `scale:3` (three brokers
-leave gracefully after a 60 s rest and join again 60 s later), then 55 s more to converge. Load-balancer
+leave gracefully after a 60 s rest and join again 60 s later), then 120 s more to converge.
+
+Two times per event: until the load-score spread (max - min of the live brokers' weighted max resource
+usage, what the shedders compare) is at most 0.10 (the issue's target; the balance checker run again on
+the history with its topic criterion off), and the checker's own, stricter "balanced" (that spread and
+the topic-count spread under its target, see checkers/balance.py), which ThresholdShedder does not aim
+at (it moves load, not topics). Load-balancer
 timers and limits are shortened under Pulsar's names (SETTINGS below) and every run's test.toml keeps them.
 """
 from __future__ import annotations
@@ -17,6 +23,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from checkers import balance
+from core import store
 
 REPO = Path(__file__).resolve().parents[1]
 PULSAR_CHAOS = REPO / ".venv" / "bin" / "pulsar-chaos"
@@ -35,7 +44,7 @@ SETTINGS = {
 # uniform rates (skew 0): under the default Zipf skew one bundle alone carries more than the 0.10 of a
 # link that the target allows, and no split threshold is reached at a test's rates (bench/README.md)
 COMMAND = ["--workload", "balance", "--option", "skew=0", "--brokers", "6", "--topics", "100", "--nemesis", "scale:3",
-           "--nemesis-interval", "60", "--time-limit", "175",
+           "--nemesis-interval", "60", "--time-limit", "240",
            *[a for k, v in SETTINGS.items() for a in ("--lb-setting", f"{k}={v}")]]
 
 
@@ -46,15 +55,16 @@ def run(seed: int, results: Path) -> dict:
     cp = subprocess.run(argv, capture_output=True, text=True, timeout=1200)
     run_dir = next((line.split()[1].rstrip(":") for line in cp.stdout.splitlines() if line.startswith("run ")), None)
     events = []
+    moves = {}
     if run_dir and (Path(run_dir) / "results.json").exists():
         res = json.loads((Path(run_dir) / "results.json").read_text())
         stats = res["checkers"].get("balance", {}).get("stats", {})
-        events = [{k: e.get(k) for k in ("event", "kind", "brokers", "balanced_after_s", "outcome",
-                                           "usage_spread", "topic_spread", "topic_target", "live_brokers")}
-                  for e in stats.get("scale_events", [])]
+        usage_only = balance.check(store.load_history(Path(run_dir)), {"target_topic_spread": float("inf")}).stats
+        for e, u in zip(stats.get("scale_events", []), usage_only.get("scale_events", [])):
+            events.append({**{k: e.get(k) for k in ("event", "kind", "brokers", "balanced_after_s", "outcome",
+                                                   "usage_spread", "topic_spread", "topic_target")},
+                           "usage_spread_ok_after_s": u.get("balanced_after_s"), "usage_spread_then": u.get("usage_spread")})
         moves = {k: stats.get(k) for k in ("unloads", "splits") if k in stats}
-    else:
-        moves = {}
     return {"seed": seed, "exit": cp.returncode, "took_s": round(time.monotonic() - t, 1), "run_dir": run_dir,
             "events": events, "moves": moves}
 
@@ -70,18 +80,20 @@ def main() -> int:
         r = run(seed, Path(args.results))
         rows.append(r)
         print(json.dumps(r), flush=True)
-    print("\n| seed | verdict | 6 -> 3 (leave): balanced after | 3 -> 6 (join): balanced after |")
-    print("|---|---|---|---|")
+    print("\n| seed | verdict | 6 -> 3: load-score spread <= 0.10 after | 6 -> 3: checker's balanced after "
+          "| 3 -> 6: load-score spread <= 0.10 after | 3 -> 6: checker's balanced after | unloads |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         by = {e["kind"]: e for e in r["events"]}
 
-        def cell(kind: str) -> str:
+        def cell(kind: str, key: str) -> str:
             e = by.get(kind)
             if e is None:
                 return "no event"
-            return f"{e['balanced_after_s']} s" if e["balanced_after_s"] is not None else str(e["outcome"])
+            return f"{e[key]} s" if e[key] is not None else "not by the end"
         verdict = {0: "valid", 1: "invalid", 2: "unknown"}.get(r["exit"], f"exit {r['exit']}")
-        print(f"| {r['seed']} | {verdict} | {cell('leave')} | {cell('join')} |")
+        print(f"| {r['seed']} | {verdict} | {cell('leave', 'usage_spread_ok_after_s')} | {cell('leave', 'balanced_after_s')} "
+              f"| {cell('join', 'usage_spread_ok_after_s')} | {cell('join', 'balanced_after_s')} | {r['moves'].get('unloads')} |")
     return 0
 
 
