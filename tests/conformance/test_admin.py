@@ -293,7 +293,9 @@ def test_topic_level_deduplication_override(admin, client, namespace):
     path = f"/admin/v2/{rest_path(topic)}"
     assert admin.ok("GET", f"{path}/deduplicationEnabled") is None
     assert admin.call("POST", f"{path}/deduplicationEnabled", True, broker=1)[0] == 204
-    assert admin.ok("GET", f"{path}/deduplicationEnabled") is True
+    # written through broker 1, read through broker 0: its policy cache follows the znode's watch
+    wait_for(lambda: admin.ok("GET", f"{path}/deduplicationEnabled") is True, timeout=10,
+             what="the topic policy seen through the other broker")
     wait_for(lambda: admin.ok("GET", f"{path}/stats")["deduplicationStatus"] == "Enabled",
              timeout=20, what="deduplication to be enabled on the owner")
     p.send(b"1")
