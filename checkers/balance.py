@@ -17,8 +17,10 @@ A pure function over a history holding the brokers' `lb-event` rows (`core/obser
   `target_topic_spread` (default: `topic_spread_fraction` (0.5) x the live brokers' mean numTopics,
   but never less than their mean topics per bundle: the balancer moves whole bundles, so one bundle's
   worth is the finest spread it can reach). Instants are the reports and the moments a broker's last
-  report goes stale, up to the last client op (the brokers are torn down after it, and a cluster whose
-  brokers stop one by one would look balanced once one is left). Otherwise "not balanced by the end".
+  report goes stale, up to the last send (the load winds down after it, through the settle and the final
+  reads, and the brokers are torn down after those: a cluster whose traffic stops, or whose brokers stop
+  one by one, would look balanced). With `smooth_s` a broker's score is the mean of its reports over the
+  last `smooth_s` seconds instead of its last report. Otherwise "not balanced by the end".
 - Moves. `unload` events by reason (`shed:<Strategy>`, `split`), `split` and `split-decision` events,
   and the nemesis's admin `unload` and `split` ops (ok or info starts; their bundles from the value:
   `bundle`, `bundles` or `splits`). Admin unloads log no event; an admin split logs `split` and its
@@ -63,6 +65,10 @@ DEFAULTS: dict[str, Any] = {
     "unload_faults": ("unload",),
     "split_faults": ("split",),
     "send_fs": ("send",),
+    # > 0: a broker's load score at an instant is the mean of its reports' max_usage_with_weight over the
+    # last smooth_s seconds (one report is one interval's bytes and CPU time: noisy at a test's rates);
+    # 0: its last report, as is
+    "smooth_s": 0.0,
     "max_anomalies": 1000,
     "max_unavailability_rows": 500,  # per-topic rows listed in stats (the worst first)
 }
@@ -115,6 +121,12 @@ def long_unavailability_cases(gaps: list[dict[str, Any]], limit: Any, cases: Cas
 
 # ------------------------------------------------------------------------------------ the model
 
+def _mean_since(samples: list[tuple[int, float]], since: float, default: Any) -> Any:
+    """The mean of the samples taken at or after `since` (the last one if none is that recent)."""
+    vals = [u for t, u in samples if t >= since]
+    return sum(vals) / len(vals) if vals else (samples[-1][1] if samples else default)
+
+
 def _num(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
@@ -135,7 +147,8 @@ class _Balance:
         self.sends: dict[str, list[int]] = {}      # full topic name -> ok send completion times
         self.failed: dict[str, list[int]] = {}     # full topic name -> fail/info send completion times
         self.t_end = 0
-        self.t_clients = -1                        # the last client op: the brokers' teardown comes after
+        self.t_clients = -1                        # the last send: the load winds down after it (settle,
+                                                   # final reads) and the brokers' teardown comes after
 
     def canon(self, b: Any) -> str:
         if not b:
@@ -170,7 +183,7 @@ class _Balance:
                     else:
                         self.lb.append((op.time_ns, v))
                 continue
-            if p >= 0:
+            if p >= 0 and op.f in send_fs:
                 self.t_clients = max(self.t_clients, op.time_ns)
             if p < 0 or op.f not in send_fs or op.type == INVOKE:
                 continue
@@ -271,6 +284,8 @@ class _Balance:
         end = self.t_clients if self.t_clients >= 0 else self.reports[-1][0]
         instants = sorted(x for x in {at, *(t for t, _, _ in self.reports if t >= at), *stale} if x <= end)
         last_of: dict[str, tuple[int, dict[str, Any]]] = {}
+        smooth = float(self.o.get("smooth_s") or 0.0) * 1e9
+        recent: dict[str, list[tuple[int, float]]] = {}
         reported_since: set[str] = set()
         i, n = 0, len(self.reports)
         last = None
@@ -278,10 +293,16 @@ class _Balance:
             while i < n and self.reports[i][0] <= t:
                 rt, rb, rv = self.reports[i]
                 last_of[rb] = (rt, rv)
+                if smooth > 0 and _num(rv.get("max_usage_with_weight")) is not None:
+                    recent.setdefault(rb, []).append((rt, _num(rv.get("max_usage_with_weight"))))
                 if rt >= at:
                     reported_since.add(rb)
                 i += 1
             live = {b: v for b, (rt, v) in last_of.items() if t - rt <= w}
+            if smooth > 0:
+                live = {b: {**v, "max_usage_with_weight": _mean_since(recent.get(b, []), t - smooth,
+                                                                      v.get("max_usage_with_weight"))}
+                        for b, v in live.items()}
             if kind == "leave" and any(b in live for b in brokers):
                 continue
             if kind == "join" and not all(b in reported_since and b in live for b in brokers):

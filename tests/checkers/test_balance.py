@@ -270,3 +270,35 @@ def test_the_report_has_no_balance_section_without_the_checker(tmp_path: Path):
     (tmp_path / "results.json").write_text(json.dumps({"valid": True, "exit_code": 0, "checkers": {}}))
     page = report.render(tmp_path).read_text()
     assert 'id="balance"' not in page and '#balance' not in page
+
+
+def test_the_load_winding_down_after_the_last_send_is_not_balance():
+    """The brokers go on reporting after the workload's last send (settle, final reads): their usage falls
+    together, which is no balancing; instants after the last send are not judged."""
+    h = _scale_history(converge=False)
+    for s in range(31, 45):                      # the workload stopped: usage falls to nothing
+        h.report(float(s), "broker-1", 0.01, 45)
+        h.report(float(s), "broker-2", 0.01, 15)
+    h.add(Op(process=0, type="invoke", f="read", key=T_HIGH), 40.0)     # a final read, not a send
+    h.add(Op(process=0, type="ok", f="read", key=T_HIGH), 41.0)
+    (e,) = check(h.ops, {"target_topic_spread": float("inf")}).stats["scale_events"]
+    assert e["balanced_after_s"] is None and e["outcome"] == "not balanced by the end"
+
+
+def test_smoothing_judges_the_mean_of_recent_reports():
+    """One report is one interval's load: noisy. With smooth_s, a broker's score is the mean of its reports
+    over the last smooth_s seconds, so one lucky pair of reports is no convergence."""
+    h = H()
+    h.nemesis(10.0, "start-scale", {"node": "broker-3", "mode": "stop", "brokers_left": 2}, done=10.1)
+    for s in range(1, 31):
+        t = float(s)
+        lucky = s == 20
+        h.report(t, "broker-1", 0.45 if lucky else 0.70, 30)
+        h.report(t, "broker-2", 0.40 if lucky else 0.20, 30)
+        if t < 10:
+            h.report(t + 0.01, "broker-3", 0.3, 30)
+        h.send(t + 0.5, T_HIGH)
+    (raw,) = check(h.ops, {"target_topic_spread": float("inf")}).stats["scale_events"]
+    assert raw["balanced_after_s"] is not None and raw["usage_spread"] == pytest.approx(0.05)
+    (smooth,) = check(h.ops, {"target_topic_spread": float("inf"), "smooth_s": 5}).stats["scale_events"]
+    assert smooth["balanced_after_s"] is None
