@@ -285,9 +285,11 @@ def test_brokers_lb_events_become_history_rows(tmp_path):
                  "reason": "shed:ThresholdShedder", "leader": "127.0.0.1:6650", "mono_ns": t0 + 2_000_000_000}),
                          "12:00:02 INFO something else", "12:00:03 INFO lb: LB_EVENT {not json",
                          "12:00:04 INFO lb: LB_EVENT " + json.dumps({"event": "unload", "bundle": b})],
+            # the same leader's decision, logged by another broker's process (the checker compares the unloads
+            # of one leader process: broker or leader, and incarnation)
             "broker-2": ["LB_EVENT " + json.dumps({"event": "unload", "bundle": b, "source": "127.0.0.2:6650",
                                                    "destination": "127.0.0.1:6650", "reason": "shed:ThresholdShedder",
-                                                   "mono_ns": t0 + 1_000_000_000})]}
+                                                   "leader": "127.0.0.1:6650", "mono_ns": t0 + 1_000_000_000})]}
     for name, lines in logs.items():
         (tmp_path / "nodes" / name).mkdir(parents=True)
         (tmp_path / "nodes" / name / "node.log").write_text("\n".join(lines) + "\n")
