@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Iterable
+from typing import Any, ClassVar
 
 from clusters import config as node_config
 from clusters import zookeeper
@@ -650,24 +650,23 @@ class StateFileCluster(StateInventory, Cluster):
             self._sync_rules(state, {a for a, _ in statefile.count_drops(state, edges, -1)})
 
     def deafen(self, node: str, peers: Iterable[str], *, trigger: bytes | None = None) -> None:
-        edges, entry = self._deaf_edges(node, peers, trigger, "deafen")
-        with self._txn() as state:
-            edges = sorted({self._link(state, a, b, "deafen") for a, b in edges})
-            if entry is None:
-                self._sync_rules(state, {a for a, _ in statefile.count_drops(state, edges, +1, "inbound")})
-                return
-            held = state.setdefault("inbound_on", [])
-            held.extend([a, b, entry] for a, b in edges if [a, b, entry] not in held)
-            self._sync_rules(state, {a for a, _ in edges})
+        self._deaf(node, peers, trigger, +1)
 
     def undeafen(self, node: str, peers: Iterable[str], *, trigger: bytes | None = None) -> None:
-        edges, entry = self._deaf_edges(node, peers, trigger, "undeafen")
+        self._deaf(node, peers, trigger, -1)
+
+    def _deaf(self, node: str, peers: Iterable[str], trigger: bytes | None, delta: int) -> None:
+        """One-way cuts, counted per call like partitions (`inbound`); armed ones (`inbound_on`, with a
+        trigger) are added or removed as entries."""
+        what = "deafen" if delta > 0 else "undeafen"
+        edges, entry = self._deaf_edges(node, peers, trigger, what)
         with self._txn() as state:
-            edges = sorted({self._link(state, a, b, "undeafen") for a, b in edges})
+            edges = sorted({self._link(state, a, b, what) for a, b in edges})
             if entry is None:
-                self._sync_rules(state, {a for a, _ in statefile.count_drops(state, edges, -1, "inbound")})
+                self._sync_rules(state, {a for a, _ in statefile.count_drops(state, edges, delta, "inbound")})
                 return
-            state["inbound_on"] = [e for e in state.get("inbound_on", []) if e[2] != entry or tuple(e[:2]) not in edges]
+            held = [e for e in state.get("inbound_on", []) if e[2] != entry or tuple(e[:2]) not in edges]
+            state["inbound_on"] = held + ([[a, b, entry] for a, b in edges] if delta > 0 else [])
             self._sync_rules(state, {a for a, _ in edges})
 
     @staticmethod
