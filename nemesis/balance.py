@@ -62,6 +62,13 @@ def admin_call(ctx: NemesisContext, method: str, path: str) -> tuple[int, Any, s
     raise NemesisError("no running broker answered the admin API: " + ("; ".join(errors) or "no brokers running"))
 
 
+def zk_delete_request(path: str) -> bytes:
+    """The bytes a ZooKeeper client's delete request of `path` carries after its xid: the opcode, the
+    path's length and the path (the trigger of `unload:lost-answer`'s one-way cut)."""
+    raw = path.encode()
+    return struct.pack(">ii", ZK_DELETE, len(raw)) + raw
+
+
 def _reason(data: Any) -> str:
     return str(data.get("reason")) if isinstance(data, dict) and data.get("reason") else str(data)[:200]
 
@@ -176,9 +183,9 @@ class UnloadNemesis(_BundleNemesis):
         if not zks:
             raise NemesisError("unload:lost-answer: the cluster has no ZooKeeper nodes")
         owner = ctx.owner_of(topic)
-        path = f"/namespace/{bundle}".encode()
-        trigger = struct.pack(">ii", ZK_DELETE, len(path)) + path
-        value.update(owner=owner, lock=path.decode(), deaf={"node": owner, "peers": zks})
+        path = f"/namespace/{bundle}"
+        trigger = zk_delete_request(path)
+        value.update(owner=owner, lock=path, deaf={"node": owner, "peers": zks})
         self.applied = value                 # before the side effect, so a half-done start is undone
         self._trigger = trigger
         ctx.cluster.deafen(owner, zks, trigger=trigger)

@@ -7,7 +7,6 @@ One cluster for the module. Load-balancer timers are shortened through Pulsar's 
 from __future__ import annotations
 
 import json
-import struct
 import time
 import uuid
 from typing import Any
@@ -17,6 +16,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from clusters.loadbalancer.bundles import FULL_UPPER, NamespaceBundles, initial_boundaries, parse_bundles_data
+from nemesis.balance import zk_delete_request
 from tests.conformance.conftest import Admin
 from tests.netns import netns_cluster, pulsar_client
 
@@ -162,7 +162,7 @@ def test_a_lock_delete_whose_answer_is_lost_fails_the_release_and_the_session_su
         registration = f"/loadbalance/brokers/{owner.host}:{owner.ports['http']}"
         session, lock_czxid = zk.get(registration)[1].ephemeralOwner, zk.get(path)[1].czxid
         other = next(i for i, n in enumerate(cluster.nodes("broker")) if n.name != owner.name)
-        trigger = struct.pack(">ii", 2, len(path)) + path.encode()
+        trigger = zk_delete_request(path)
         zks = [n.name for n in cluster.nodes("zookeeper")]
         cluster.deafen(owner.name, zks, trigger=trigger)
         try:
