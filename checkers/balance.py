@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import bisect
 import statistics
+from collections import deque
 from typing import Any
 
 from checkers.toolkit import Cases, anomalies_of, anomaly_stats, partition_of, percentile, rounded, verdict
@@ -121,10 +122,15 @@ def long_unavailability_cases(gaps: list[dict[str, Any]], limit: Any, cases: Cas
 
 # ------------------------------------------------------------------------------------ the model
 
-def _mean_since(samples: list[tuple[int, float]], since: float, default: Any) -> Any:
-    """The mean of the samples taken at or after `since` (the last one if none is that recent)."""
+def _mean_since(samples: deque[tuple[int, float]], since: float, default: Any) -> Any:
+    """The mean of the samples taken at or after `since` (the last one if none is that recent). Instants
+    only move forward, so older samples are dropped for good (the last one kept)."""
+    while len(samples) > 1 and samples[0][0] < since:
+        samples.popleft()
+    if not samples:
+        return default
     vals = [u for t, u in samples if t >= since]
-    return sum(vals) / len(vals) if vals else (samples[-1][1] if samples else default)
+    return sum(vals) / len(vals) if vals else samples[-1][1]
 
 
 def _num(x: Any) -> float | None:
@@ -285,7 +291,7 @@ class _Balance:
         instants = sorted(x for x in {at, *(t for t, _, _ in self.reports if t >= at), *stale} if x <= end)
         last_of: dict[str, tuple[int, dict[str, Any]]] = {}
         smooth = float(self.o.get("smooth_s") or 0.0) * 1e9
-        recent: dict[str, list[tuple[int, float]]] = {}
+        recent: dict[str, deque[tuple[int, float]]] = {}
         reported_since: set[str] = set()
         i, n = 0, len(self.reports)
         last = None
@@ -294,7 +300,7 @@ class _Balance:
                 rt, rb, rv = self.reports[i]
                 last_of[rb] = (rt, rv)
                 if smooth > 0 and _num(rv.get("max_usage_with_weight")) is not None:
-                    recent.setdefault(rb, []).append((rt, _num(rv.get("max_usage_with_weight"))))
+                    recent.setdefault(rb, deque()).append((rt, _num(rv.get("max_usage_with_weight"))))
                 if rt >= at:
                     reported_since.add(rb)
                 i += 1
