@@ -44,21 +44,26 @@ SCENARIOS: dict[str, list[str]] = {
 }
 
 
+def pulsar_chaos_run(args: list[str], timeout: float = 900) -> tuple[int, str | None, float]:
+    """One `pulsar-chaos run ARGS`: its exit code, its run folder (from its first line) and seconds taken."""
+    t = time.monotonic()
+    cp = subprocess.run([str(PULSAR_CHAOS), "run", *args], capture_output=True, text=True, timeout=timeout)
+    run_dir = next((line.split()[1].rstrip(":") for line in cp.stdout.splitlines() if line.startswith("run ")), None)
+    return cp.returncode, run_dir, time.monotonic() - t
+
+
 def run(knob: str, seed: int, on: bool, results: Path) -> dict:
-    argv = [str(PULSAR_CHAOS), "run", *SCENARIOS[knob], "--seed", str(seed),
+    argv = [*SCENARIOS[knob], "--seed", str(seed),
             "--results-dir", str(results / ("on" if on else "off")), "--test-name", knob.replace(".", "-")]
     if on:
         argv += ["--bug", knob]
-    t = time.monotonic()
-    cp = subprocess.run(argv, capture_output=True, text=True, timeout=900)
-    took = time.monotonic() - t
-    run_dir = next((line.split()[1].rstrip(":") for line in cp.stdout.splitlines() if line.startswith("run ")), None)
+    code, run_dir, took = pulsar_chaos_run(argv)
     anomalies: dict = {}
     if run_dir and (Path(run_dir) / "results.json").exists():
         res = json.loads((Path(run_dir) / "results.json").read_text())
         anomalies = {k: sorted(c.get("anomalies") or {}) for k, c in res["checkers"].items() if c.get("anomalies")}
-    return {"knob": knob, "seed": seed, "on": on, "exit": cp.returncode, "took_s": round(took, 1),
-            "run_dir": run_dir, "anomalies": anomalies, "argv": " ".join(argv[1:])}
+    return {"knob": knob, "seed": seed, "on": on, "exit": code, "took_s": round(took, 1),
+            "run_dir": run_dir, "anomalies": anomalies, "argv": " ".join(argv)}
 
 
 def main() -> int:

@@ -20,16 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import time
 from pathlib import Path
 
+from bench.lb_detection import pulsar_chaos_run
 from checkers import balance
 from core import store
-
-REPO = Path(__file__).resolve().parents[1]
-PULSAR_CHAOS = REPO / ".venv" / "bin" / "pulsar-chaos"
 
 SETTINGS = {
     "loadBalancerReportUpdateMinIntervalMillis": 1000,    # Pulsar: 5000
@@ -59,11 +55,9 @@ def run(seed: int, results: Path) -> dict:
     results.mkdir(parents=True, exist_ok=True)
     schedule = results / "scale-schedule.toml"
     schedule.write_text(SCHEDULE)
-    argv = [str(PULSAR_CHAOS), "run", *[str(schedule) if a == "SCHEDULE" else a for a in COMMAND],
-            "--seed", str(seed), "--results-dir", str(results), "--test-name", "lb-scale"]
-    t = time.monotonic()
-    cp = subprocess.run(argv, capture_output=True, text=True, timeout=1200)
-    run_dir = next((line.split()[1].rstrip(":") for line in cp.stdout.splitlines() if line.startswith("run ")), None)
+    code, run_dir, took = pulsar_chaos_run([*[str(schedule) if a == "SCHEDULE" else a for a in COMMAND], "--seed",
+                                            str(seed), "--results-dir", str(results), "--test-name", "lb-scale"],
+                                           timeout=1200)
     events = []
     moves = {}
     if run_dir and (Path(run_dir) / "results.json").exists():
@@ -79,7 +73,7 @@ def run(seed: int, results: Path) -> dict:
                            "usage_spread_ok_after_s": u.get("balanced_after_s"), "usage_spread_then": u.get("usage_spread"),
                            "smoothed_ok_after_s": m.get("balanced_after_s")})
         moves = {k: stats.get(k) for k in ("unloads", "splits") if k in stats}
-    return {"seed": seed, "exit": cp.returncode, "took_s": round(time.monotonic() - t, 1), "run_dir": run_dir,
+    return {"seed": seed, "exit": code, "took_s": round(took, 1), "run_dir": run_dir,
             "events": events, "moves": moves}
 
 
