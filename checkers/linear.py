@@ -457,7 +457,7 @@ class _Search:
         ct, trans, sv = self.ct, self.trans, self.sv
         ncls = len(cls_ops)
         cprio = self.cprio
-        reaches, rreset, creset, real = self.reaches, self.rreset, self.creset, self.real
+        reaches, rreset, creset = self.reaches, self.rreset, self.creset
         reuse = self.reuse
         cache = self.cache
         head, tail = self.head, self.tail

@@ -16,20 +16,11 @@ from checkers.jepsen_format import read_history
 from checkers.linear import check
 from checkers.models import freeze
 from core.history import Op
-from harness import cli
+from tests.checkers.test_jepsen_format import lin
 from tests.checkers.test_linear import H
 from tests.checkers.test_linear_property import histories
 
 CORPUS = Path(__file__).parent / "data" / "corpus"
-
-
-def lin(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        code = cli.main(["lin", *argv])
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 # ------------------------------------------------------------------------------------------ the corpus
