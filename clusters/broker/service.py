@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from clusters import bugs, metrics
@@ -55,8 +56,7 @@ class BrokerService:
         self.server: asyncio.AbstractServer | None = None
         self.http: Any = None
         self.started = time.time()
-        self.rates: dict[tuple, tuple[float, float]] = {}        # key -> (msg/s, bytes/s)
-        self._rate_last: dict[tuple, tuple[float, float, float]] = {}
+        self.rates = Rates()
         self._rate_task: asyncio.Task | None = None
         self._unloading: set[Bundle] = set()
         self.policies.on_change(self._namespace_policies_changed)
@@ -253,43 +253,10 @@ class BrokerService:
                 log.warning("computing rates", exc_info=True)
 
     def update_rates(self) -> None:
-        """Msg/s and bytes/s of every topic, producer, subscription and consumer since the last call
-        (Pulsar recomputes its stats every statsUpdateFrequencyInSecs)."""
-        now = time.monotonic()
-        seen: set[tuple] = set()
-
-        def sample(key: tuple, msgs: float, nbytes: float) -> None:
-            seen.add(key)
-            last = self._rate_last.get(key)
-            self._rate_last[key] = (now, msgs, nbytes)
-            if last is None or now <= last[0]:
-                self.rates.setdefault(key, (0.0, 0.0))
-                return
-            dt = now - last[0]
-            self.rates[key] = (max(0.0, msgs - last[1]) / dt, max(0.0, nbytes - last[2]) / dt)
-
-        for name, t in list(self.topics.items()):
-            sample(("in", name), t.msgs_in, t.bytes_in)
-            out_m = out_b = 0
-            for p in list(t.producers.values()):
-                sample(("producer", name, p.name, p.producer_id), p.msgs_in, p.bytes_in)
-            for sname, sub in list(t.subscriptions.items()):
-                sm = sb = 0
-                for c in list(sub.consumers):
-                    sample(("consumer", name, sname, c.name, c.consumer_id), c.msgs_out, c.bytes_out)
-                    sm += c.msgs_out
-                    sb += c.bytes_out
-                sample(("sub", name, sname), sm, sb)
-                out_m += sm
-                out_b += sb
-            sample(("out", name), out_m, out_b)
-        for key in list(self._rate_last):
-            if key not in seen:
-                self._rate_last.pop(key, None)
-                self.rates.pop(key, None)
+        self.rates.update(self.topics)
 
     def rate(self, *key: Any) -> tuple[float, float]:
-        return self.rates.get(tuple(key), (0.0, 0.0))
+        return self.rates.get(*key)
 
     def topic_fenced(self, topic: str) -> None:
         """Called by a Topic whose ledger was fenced: another broker owns it now."""
@@ -398,3 +365,55 @@ async def serve(cfg: BrokerConfig, stop: asyncio.Event) -> None:
         await stop.wait()
     finally:
         await svc.stop()
+
+
+class Rates:
+    """Msg/s and bytes/s of every topic, producer, subscription and consumer, each over the time since
+    the previous `update` (Pulsar recomputes its stats every statsUpdateFrequencyInSecs). A topic,
+    producer or consumer first seen in a pass was created since the previous one, its counters at zero
+    then: what it carried since counts (else a burst sent right after creation, before the first pass,
+    would never show as a rate, and a broker's load report would never change for it)."""
+
+    def __init__(self) -> None:
+        self.values: dict[tuple, tuple[float, float]] = {}        # key -> (msg/s, bytes/s)
+        self._last: dict[tuple, tuple[float, float, float]] = {}  # key -> (when, msgs, bytes)
+        self._pass: float | None = None                            # when the previous pass ran
+
+    def get(self, *key: Any) -> tuple[float, float]:
+        return self.values.get(tuple(key), (0.0, 0.0))
+
+    def update(self, topics: Mapping[str, Any], now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        since = self._pass if self._pass is not None else now - RATE_INTERVAL_S
+        self._pass = now
+        seen: set[tuple] = set()
+
+        def sample(key: tuple, msgs: float, nbytes: float) -> None:
+            seen.add(key)
+            last = self._last.get(key) or (since, 0, 0)
+            self._last[key] = (now, msgs, nbytes)
+            if now <= last[0]:
+                self.values.setdefault(key, (0.0, 0.0))
+                return
+            dt = now - last[0]
+            self.values[key] = (max(0.0, msgs - last[1]) / dt, max(0.0, nbytes - last[2]) / dt)
+
+        for name, t in list(topics.items()):
+            sample(("in", name), t.msgs_in, t.bytes_in)
+            out_m = out_b = 0
+            for p in list(t.producers.values()):
+                sample(("producer", name, p.name, p.producer_id), p.msgs_in, p.bytes_in)
+            for sname, sub in list(t.subscriptions.items()):
+                sm = sb = 0
+                for c in list(sub.consumers):
+                    sample(("consumer", name, sname, c.name, c.consumer_id), c.msgs_out, c.bytes_out)
+                    sm += c.msgs_out
+                    sb += c.bytes_out
+                sample(("sub", name, sname), sm, sb)
+                out_m += sm
+                out_b += sb
+            sample(("out", name), out_m, out_b)
+        for key in list(self._last):
+            if key not in seen:
+                self._last.pop(key, None)
+                self.values.pop(key, None)

@@ -9,6 +9,7 @@ import pytest
 
 from clusters.broker.managed_ledger import Position
 from clusters.broker.topic import ServiceUnitNotReady, Topic
+from clusters.broker.service import RATE_INTERVAL_S, Rates
 from clusters.protocol import PulsarApi_pb2 as pb
 from clusters.protocol import frames
 from tests.broker.helpers import FakeCnx, run
@@ -471,3 +472,22 @@ def test_seek_forgets_acks_and_disconnects_consumers():
         await _settle()
         assert [m[1] for m in cnx.messages] == ids[1:]
     run(scenario())
+
+
+def test_a_burst_sent_before_the_first_rate_pass_shows_as_a_rate():
+    """Rates count a new topic's and producer's messages from zero (their counters at creation), not
+    from the first pass that sees them: ten messages sent right after creation are a rate in the
+    first pass, then 0; a topic created between passes counts from the previous pass."""
+    topic, _, _ = run(_topic_with(10))
+    rates = Rates()
+    rates.update({topic.name: topic}, now=100.0)
+    rate_in, bytes_in = rates.get("in", topic.name)
+    assert rate_in == 10 / RATE_INTERVAL_S and bytes_in > 0
+    assert [r[0] for k, r in rates.values.items() if k[0] == "producer"] == [10 / RATE_INTERVAL_S]
+    rates.update({topic.name: topic}, now=102.0)
+    assert rates.get("in", topic.name) == (0.0, 0.0)
+    later, _, _ = run(_topic_with(4))
+    rates.update({topic.name: topic, "later": later}, now=104.0)
+    assert rates.get("in", "later")[0] == 4 / 2.0
+    rates.update({"later": later}, now=106.0)
+    assert rates.get("in", topic.name) == (0.0, 0.0) and ("in", topic.name) not in rates.values
