@@ -70,6 +70,13 @@ DEFAULTS: dict[str, Any] = {
     # last smooth_s seconds (one report is one interval's bytes and CPU time: noisy at a test's rates);
     # 0: its last report, as is
     "smooth_s": 0.0,
+    # how the load scores are judged against target_spread: "range", max - min; "band", every live broker
+    # within target_spread of their mean (ThresholdShedder's own band: it sheds a broker above mean +
+    # threshold and, with lowerBoundarySheddingEnabled, towards one below mean - threshold)
+    "spread_measure": "range",
+    # whose scores: "reports", each broker's load reports; "leader", the leader's averaged scores that
+    # ThresholdShedder compares (`shedding` events: avg_usage per broker, the topic criterion not applied)
+    "scores": "reports",
     "max_anomalies": 1000,
     "max_unavailability_rows": 500,  # per-topic rows listed in stats (the worst first)
 }
@@ -79,6 +86,9 @@ def check(history: list[Op], opts: dict[str, Any] | None = None) -> CheckResult:
     """Judge balance after scale events and unavailability during unloads; see the module docstring."""
     o = dict(DEFAULTS)
     o.update(opts or {})
+    for k, allowed in (("spread_measure", ("range", "band")), ("scores", ("reports", "leader"))):
+        if o.get(k) not in allowed:
+            raise ValueError(f"balance checker option {k}={o.get(k)!r}: use one of {', '.join(allowed)}")
     b = _Balance(history, o)
     b.scan()
     cases = {k: Cases(o.get("max_anomalies")) for k in ANOMALY_TYPES}
@@ -273,13 +283,60 @@ class _Balance:
             bundles = sum(_num(v.get("numBundles")) or 0 for v in live.values())
             per_bundle = sum(ts) / bundles if bundles else 0.0
             target = max(float(self.o.get("topic_spread_fraction") or 0) * mean, per_bundle)
-        return max(us) - min(us), max(ts) - min(ts), float(target)
+        return self.usage_spread(us), max(ts) - min(ts), float(target)
+
+    def usage_spread(self, us: list[float]) -> float:
+        """The spread of load scores `spread_measure` names: max - min, or the largest distance from
+        their mean ("band")."""
+        if self.o.get("spread_measure") == "band":
+            mean = sum(us) / len(us)
+            return max(abs(u - mean) for u in us)
+        return max(us) - min(us)
+
+    def leader_scores(self) -> list[tuple[int, dict[str, float]]]:
+        """(t, {broker node: averaged score}) of every ThresholdShedder cycle of the leader."""
+        out = []
+        for t, v in self.lb:
+            if v.get("event") != "shedding":
+                continue
+            rec = (v.get("plan") or {}).get("strategy_record") or {}
+            scores = {self.canon(b): _num(d.get("avg_usage")) for b, d in (rec.get("brokers") or {}).items()
+                      if isinstance(d, dict)}
+            scores = {b: u for b, u in scores.items() if u is not None}
+            if scores:
+                out.append((t, scores))
+        return out
+
+    def _judge_leader(self, e: dict[str, Any], kind: str, brokers: list[str], at: float) -> dict[str, Any]:
+        """_judge on the leader's averaged scores: the first shedding cycle at or after `at` (and up to the
+        last send) whose brokers reflect the event and whose scores are within the target."""
+        end = self.t_clients if self.t_clients >= 0 else self.t_end
+        cycles = [(t, sc) for t, sc in self.leader_scores() if at <= t <= end]
+        e["judged"] = bool(cycles)
+        last = None
+        for t, sc in cycles:
+            if kind == "leave" and any(b in sc for b in brokers):
+                continue
+            if kind == "join" and not all(b in sc for b in brokers):
+                continue
+            sp = self.usage_spread(list(sc.values()))
+            last = (t, sp, sc)
+            if sp <= float(self.o["target_spread"]) + 1e-12:
+                e.update(balanced_after_s=round((t - at) / 1e9, 3), outcome="balanced", usage_spread=round(sp, 4),
+                         live_brokers=sorted(sc))
+                return e
+        e["outcome"] = "not balanced by the end" if cycles else "unknown: no shedding cycles of ThresholdShedder"
+        if last is not None:
+            e.update(last_usage_spread=round(last[1], 4), live_brokers=sorted(last[2]), last_judged_s=_s(last[0]))
+        return e
 
     def _judge(self, what: str, kind: str, brokers: list[str], at: float) -> dict[str, Any]:
         """Sweep the instants from `at` on (the event, each report, each report going stale) with each
         broker's last report so far; the first instant that reflects the event and is balanced."""
         e: dict[str, Any] = {"event": what, "kind": kind, "brokers": brokers, "at_s": _s(at),
                              "balanced_after_s": None, "judged": bool(self.reports)}
+        if self.o.get("scores") == "leader":
+            return self._judge_leader(e, kind, brokers, at)
         if not self.reports:
             e["outcome"] = "unknown: no load-report rows"
             return e
@@ -455,6 +512,8 @@ class _Balance:
             "brokers": self.brokers,
             "report_window_s": round(self.window / 1e9, 3),
             "target_spread": self.o["target_spread"],
+            "spread_measure": self.o.get("spread_measure"),
+            "scores": self.o.get("scores"),
             "target_topic_spread": self.o.get("target_topic_spread"),
             "topic_spread_fraction": self.o.get("topic_spread_fraction"),
             "scale_events": events,

@@ -302,3 +302,56 @@ def test_smoothing_judges_the_mean_of_recent_reports():
     assert raw["balanced_after_s"] is not None and raw["usage_spread"] == pytest.approx(0.05)
     (smooth,) = check(h.ops, {"target_topic_spread": float("inf"), "smooth_s": 5}).stats["scale_events"]
     assert smooth["balanced_after_s"] is None
+
+
+def test_band_judges_the_distance_from_the_mean_as_threshold_shedder_does():
+    """Three brokers at 0.20, 0.30, 0.38: max - min is 0.18 (over 0.10), but each is within 0.10 of the mean
+    0.293 (ThresholdShedder sheds none); 0.10, 0.30, 0.41 puts 0.10 out of the band."""
+    for usages, band_ok in (((0.20, 0.30, 0.38), True), ((0.10, 0.30, 0.41), False)):
+        h = H()
+        h.nemesis(1.0, "start-scale", {"node": "broker-3"}, done=1.1)
+        for s in range(2, 10):
+            for b, u in zip(("broker-1", "broker-2"), usages[:2]):
+                h.report(float(s), b, u, 20)
+            h.send(s + 0.5, T_LOW)
+        h.nemesis(5.0, "stop-scale", {"node": "broker-3"}, done=5.1)
+        for s in range(6, 10):
+            h.report(s + 0.1, "broker-3", usages[2], 20)
+        opts = {"target_topic_spread": float("inf")}
+        join = [e for e in check(h.ops, opts).stats["scale_events"] if e["kind"] == "join"][0]
+        assert join["outcome"] == "not balanced by the end"
+        join = [e for e in check(h.ops, {**opts, "spread_measure": "band"}).stats["scale_events"]
+                if e["kind"] == "join"][0]
+        assert (join["outcome"] == "balanced") is band_ok
+
+
+def _shedding(h: H, at: float, avg: dict[str, float]) -> None:
+    record = {"strategy": "ThresholdShedder", "avg_usage": sum(avg.values()) / len(avg),
+              "brokers": {IDS[b]: {"avg_usage": u, "usage": u} for b, u in avg.items()}}
+    h.event(at, "shedding", "broker-1", plan={"strategy": "ThresholdShedder", "unloads": [],
+                                              "strategy_record": record})
+
+
+def test_leader_scores_judge_the_shedders_averages_from_the_cycle_that_sees_the_new_broker():
+    h = H()
+    h.nemesis(10.0, "start-scale", {"node": "broker-3"}, done=10.1)
+    h.nemesis(20.0, "stop-scale", {"node": "broker-3"}, done=20.1)
+    for s in range(1, 60):
+        h.report(float(s), "broker-1", 0.9 if s % 2 else 0.1, 20)     # noisy reports: never balanced
+        h.report(float(s), "broker-2", 0.1 if s % 2 else 0.9, 20)
+        h.send(s + 0.5, T_LOW)
+    _shedding(h, 5.0, {"broker-1": 0.5, "broker-2": 0.5, "broker-3": 0.3})   # before: not judged
+    _shedding(h, 15.0, {"broker-1": 0.5, "broker-2": 0.3})                   # 5 s after leaving
+    _shedding(h, 25.0, {"broker-1": 0.5, "broker-2": 0.35})                  # broker-3 not seen yet
+    _shedding(h, 35.0, {"broker-1": 0.5, "broker-2": 0.4, "broker-3": 0.1})  # out of the band
+    _shedding(h, 45.0, {"broker-1": 0.4, "broker-2": 0.35, "broker-3": 0.25})
+    opts = {"scores": "leader", "spread_measure": "band"}
+    leave, join = check(h.ops, opts).stats["scale_events"]
+    assert leave["balanced_after_s"] == pytest.approx(4.9) and leave["live_brokers"] == ["broker-1", "broker-2"]
+    assert join["balanced_after_s"] == pytest.approx(24.9) and join["usage_spread"] == pytest.approx(0.0833, abs=1e-3)
+    leave, join = check(h.ops, {"scores": "leader"}).stats["scale_events"]       # range: 0.15 > 0.10
+    assert leave["outcome"] == "not balanced by the end" and join["outcome"] == "not balanced by the end"
+    assert all(e["outcome"] == "not balanced by the end"
+               for e in check(h.ops, {"target_topic_spread": float("inf")}).stats["scale_events"])
+    with pytest.raises(ValueError, match="scores='averages'"):
+        check(h.ops, {"scores": "averages"})
