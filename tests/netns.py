@@ -4,9 +4,11 @@ owner of a topic as ZooKeeper records it."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from contextlib import contextmanager
 from typing import Any
 
@@ -20,7 +22,7 @@ def netns_cluster(prefix: str, backend: str = "netns", image: str | None = None,
     """A cluster (NetnsCluster, or DockerCluster with backend="docker", on `image` if given) named
     `prefix` + 4 random hex digits, built from ClusterSpec(**spec_kw), up for the block and always torn
     down afterwards (also when bringing it up fails): leftovers of its name are swept and its folder
-    is removed."""
+    is removed (copied first to $PULSAR_CHAOS_KEEP_TEST_CLUSTERS/<name> when that is set)."""
     spec = ClusterSpec(name=f"{prefix}{uuid.uuid4().hex[:4]}", **spec_kw)
     if backend == "docker":
         from clusters.deploy.docker import DockerCluster
@@ -36,6 +38,9 @@ def netns_cluster(prefix: str, backend: str = "netns", image: str | None = None,
             c.down()
         finally:
             cls.cleanup_all(force=True, names=[c.name])
+            keep = os.environ.get("PULSAR_CHAOS_KEEP_TEST_CLUSTERS")
+            if keep:                         # the nodes' logs and data, to read after a failure
+                shutil.copytree(c.base_dir, Path(keep) / c.name, dirs_exist_ok=True, ignore_dangling_symlinks=True)
             shutil.rmtree(c.base_dir, ignore_errors=True)
 
 
