@@ -29,7 +29,10 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "hot_share": (0.8, "share of the sends that go to the hot topics during the hot-spot phase"),
     "hot_from": (0.2, "start of the hot-spot phase, as a fraction of the time limit"),
     "hot_until": (0.7, "end of the hot-spot phase, as a fraction of the time limit"),
+    "lookup": ("home", "home: each worker looks topics up through its home broker only (as every workload; "
+                       "while that broker is away the worker cannot); all: through every broker, home first"),
 }
+CHOICES = {"lookup": ("home", "all")}
 CHECKER_NAMES = ("log", "ownership", "perf", "balance")
 
 keys = log.keys

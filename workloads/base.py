@@ -44,12 +44,15 @@ class Context:
         keeps that connection; with the whole list, every worker may end up asking the same broker, and
         a broker cut from ZooKeeper then answers every lookup: no client ever asks a healthy broker,
         which is what takes a topic over. The cost: while its home broker is down, a worker cannot look
-        topics up (connections it already has to other brokers keep working)."""
+        topics up (connections it already has to other brokers keep working). A workload with the option
+        `lookup=all` (balance) gets every broker instead, its home first: the client takes the hosts in
+        turn for its lookups, so a worker whose home broker left the cluster still finds owners."""
         brokers = [n for n in self.nodes("broker") if n.get("host")]
         if len(brokers) < 2:
             return self.cluster.get("service_url", "")
-        home = brokers[self.worker % len(brokers)]
-        return f"pulsar://{home['host']}:{(home.get('ports') or {}).get('pulsar', 6650)}"
+        w = self.worker % len(brokers)
+        hosts = brokers[w:] + brokers[:w] if self.spec.options.get("lookup") == "all" else [brokers[w]]
+        return "pulsar://" + ",".join(f"{n['host']}:{(n.get('ports') or {}).get('pulsar', 6650)}" for n in hosts)
 
     def nodes(self, role: str | None = None) -> list[dict[str, Any]]:
         return [n for n in self.cluster.get("nodes", []) if role is None or n.get("role") == role]

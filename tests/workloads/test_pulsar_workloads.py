@@ -78,3 +78,20 @@ def test_bad_choice_is_a_spec_error():
     with pytest.raises(SpecError) as e:
         Spec(workload="subscriptions", options={"subscription": "exclusive"}).validate(catalog=CATALOG)
     assert "failover, key_shared" in str(e.value)
+
+
+def test_a_worker_looks_up_through_its_home_broker_or_every_broker_home_first():
+    from pathlib import Path
+
+    from workloads.base import Context
+    nodes = [{"name": f"broker-{i}", "role": "broker", "host": f"10.0.0.{i}", "ports": {"pulsar": 6650}}
+             for i in (1, 2, 3)] + [{"name": "bookie-1", "role": "bookie", "host": "10.0.0.9"}]
+    cluster = {"service_url": "pulsar://10.0.0.1:6650,10.0.0.2:6650,10.0.0.3:6650", "nodes": nodes}
+
+    def url(options, worker):
+        spec = Spec(workload="balance", options=options).validate(catalog=CATALOG)
+        return Context(run_dir=Path("."), spec=spec, cluster=cluster, keys=[], worker=worker).service_url
+    assert url({}, 1) == "pulsar://10.0.0.2:6650"
+    assert url({"lookup": "all"}, 1) == "pulsar://10.0.0.2:6650,10.0.0.3:6650,10.0.0.1:6650"
+    with pytest.raises(SpecError, match="lookup"):
+        url({"lookup": "any"}, 0)
