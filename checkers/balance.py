@@ -20,7 +20,11 @@ A pure function over a history holding the brokers' `lb-event` rows (`core/obser
   report goes stale, up to the last send (the load winds down after it, through the settle and the final
   reads, and the brokers are torn down after those: a cluster whose traffic stops, or whose brokers stop
   one by one, would look balanced). With `smooth_s` a broker's score is the mean of its reports over the
-  last `smooth_s` seconds instead of its last report. Otherwise "not balanced by the end".
+  last `smooth_s` seconds instead of its last report. With `spread_measure="band"` the usage criterion is
+  every live broker within `target_spread` of their mean (ThresholdShedder's own band) instead of max -
+  min. With `scores="leader"` the scores are the leader's averaged ones that ThresholdShedder compares
+  (its `shedding` events), the instants its cycles, the live brokers those it judged, and the topic
+  criterion is not applied. Otherwise "not balanced by the end".
 - Moves. `unload` events by reason (`shed:<Strategy>`, `split`), `split` and `split-decision` events,
   and the nemesis's admin `unload` and `split` ops (ok or info starts; their bundles from the value:
   `bundle`, `bundles` or `splits`). Admin unloads log no event; an admin split logs `split` and its
