@@ -24,7 +24,9 @@ A pure function over a history holding the brokers' `lb-event` rows (`core/obser
   every live broker within `target_spread` of their mean (ThresholdShedder's own band) instead of max -
   min. With `scores="leader"` the scores are the leader's averaged ones that ThresholdShedder compares
   (its `shedding` events), the instants its cycles, the live brokers those it judged, and the topic
-  criterion is not applied. Otherwise "not balanced by the end".
+  criterion is not applied. With `hold_s` the criterion must then hold at every instant for `hold_s`
+  seconds (judged up to the last send; the time is to the first of them). Otherwise "not balanced by the
+  end".
 - Moves. `unload` events by reason (`shed:<Strategy>`, `split`), `split` and `split-decision` events,
   and the nemesis's admin `unload` and `split` ops (ok or info starts; their bundles from the value:
   `bundle`, `bundles` or `splits`). Admin unloads log no event; an admin split logs `split` and its
@@ -81,6 +83,10 @@ DEFAULTS: dict[str, Any] = {
     # whose scores: "reports", each broker's load reports; "leader", the leader's averaged scores that
     # ThresholdShedder compares (`shedding` events: avg_usage per broker, the topic criterion not applied)
     "scores": "reports",
+    # > 0: balanced only once the criterion has held at every instant for hold_s seconds (the time is
+    # still to the first of them): a band met by chance for a moment, e.g. by a joined broker's first
+    # one or two reports, does not count
+    "hold_s": 0.0,
     "max_anomalies": 1000,
     "max_unavailability_rows": 500,  # per-topic rows listed in stats (the worst first)
 }
@@ -135,6 +141,24 @@ def long_unavailability_cases(gaps: list[dict[str, Any]], limit: Any, cases: Cas
 
 
 # ------------------------------------------------------------------------------------ the model
+
+class _Streak:
+    """The first instant of a run of instants at which the criterion held for at least `hold_ns`
+    (0: the first instant it held); an instant where it did not, or that does not reflect the event,
+    starts over."""
+
+    def __init__(self, hold_ns: float):
+        self.hold = hold_ns
+        self.start: tuple[float, Any] | None = None
+
+    def feed(self, t: float, ok: bool, info: Any = None) -> tuple[float, Any] | None:
+        if not ok:
+            self.start = None
+            return None
+        if self.start is None:
+            self.start = (t, info)
+        return self.start if t - self.start[0] >= self.hold else None
+
 
 def _mean_since(samples: deque[tuple[int, float]], since: float, default: Any) -> Any:
     """The mean of the samples taken at or after `since` (the last one if none is that recent). Instants
@@ -318,16 +342,19 @@ class _Balance:
         cycles = [(t, sc) for t, sc in self.leader_scores() if at <= t <= end]
         e["judged"] = bool(cycles)
         last = None
+        streak = _Streak(float(self.o.get("hold_s") or 0.0) * 1e9)
         for t, sc in cycles:
-            if kind == "leave" and any(b in sc for b in brokers):
-                continue
-            if kind == "join" and not all(b in sc for b in brokers):
+            if (kind == "leave" and any(b in sc for b in brokers)) or \
+                    (kind == "join" and not all(b in sc for b in brokers)):
+                streak.feed(t, False)
                 continue
             sp = self.usage_spread(list(sc.values()))
             last = (t, sp, sc)
-            if sp <= float(self.o["target_spread"]) + 1e-12:
-                e.update(balanced_after_s=round((t - at) / 1e9, 3), outcome="balanced", usage_spread=round(sp, 4),
-                         live_brokers=sorted(sc))
+            held = streak.feed(t, sp <= float(self.o["target_spread"]) + 1e-12, (sp, sc))
+            if held:
+                t0, (sp0, sc0) = held
+                e.update(balanced_after_s=round((t0 - at) / 1e9, 3), outcome="balanced", usage_spread=round(sp0, 4),
+                         live_brokers=sorted(sc0))
                 return e
         e["outcome"] = "not balanced by the end" if cycles else "unknown: no shedding cycles of ThresholdShedder"
         if last is not None:
@@ -356,6 +383,7 @@ class _Balance:
         reported_since: set[str] = set()
         i, n = 0, len(self.reports)
         last = None
+        streak = _Streak(float(self.o.get("hold_s") or 0.0) * 1e9)
         for t in instants:
             while i < n and self.reports[i][0] <= t:
                 rt, rb, rv = self.reports[i]
@@ -370,18 +398,22 @@ class _Balance:
                 live = {b: {**v, "max_usage_with_weight": _mean_since(recent.get(b, []), t - smooth,
                                                                       v.get("max_usage_with_weight"))}
                         for b, v in live.items()}
-            if kind == "leave" and any(b in live for b in brokers):
-                continue
-            if kind == "join" and not all(b in reported_since and b in live for b in brokers):
+            if (kind == "leave" and any(b in live for b in brokers)) or \
+                    (kind == "join" and not all(b in reported_since and b in live for b in brokers)):
+                streak.feed(t, False)
                 continue
             sp = self.spread(live)
             if sp is None:
+                streak.feed(t, False)
                 continue
             last = (t, sp, live)
-            if sp[0] <= float(self.o["target_spread"]) + 1e-12 and sp[1] <= sp[2] + 1e-9:
-                e.update(balanced_after_s=round((t - at) / 1e9, 3), outcome="balanced",
-                         usage_spread=round(sp[0], 4), topic_spread=sp[1], topic_target=round(sp[2], 2),
-                         live_brokers=sorted(live))
+            held = streak.feed(t, sp[0] <= float(self.o["target_spread"]) + 1e-12 and sp[1] <= sp[2] + 1e-9,
+                               (sp, sorted(live)))
+            if held:
+                t0, (sp0, live0) = held
+                e.update(balanced_after_s=round((t0 - at) / 1e9, 3), outcome="balanced",
+                         usage_spread=round(sp0[0], 4), topic_spread=sp0[1], topic_target=round(sp0[2], 2),
+                         live_brokers=live0)
                 return e
         e["outcome"] = "not balanced by the end"
         if last is not None:
@@ -518,6 +550,7 @@ class _Balance:
             "target_spread": self.o["target_spread"],
             "spread_measure": self.o.get("spread_measure"),
             "scores": self.o.get("scores"),
+            "hold_s": self.o.get("hold_s"),
             "target_topic_spread": self.o.get("target_topic_spread"),
             "topic_spread_fraction": self.o.get("topic_spread_fraction"),
             "scale_events": events,

@@ -355,3 +355,32 @@ def test_leader_scores_judge_the_shedders_averages_from_the_cycle_that_sees_the_
                for e in check(h.ops, {"target_topic_spread": float("inf")}).stats["scale_events"])
     with pytest.raises(ValueError, match="scores='averages'"):
         check(h.ops, {"scores": "averages"})
+
+
+def test_hold_s_needs_the_band_to_last_a_moment_of_balance_is_not_enough():
+    """Two brokers after broker-3 left at 10 s: even for one report at 12 s, apart until 20 s, even from
+    20 s on. Without hold_s the first instant counts; with hold_s=5 the streak from 20 s does."""
+    h = H()
+    h.nemesis(10.0, "start-scale", {"node": "broker-3"}, done=10.1)
+    for s in range(1, 40):
+        t = float(s)
+        for b, u in (("broker-1", 0.4), ("broker-2", 0.4 if s == 12 or s >= 20 else 0.1)):
+            h.report(t, b, u, 20)
+        if s < 10:
+            h.report(t, "broker-3", 0.4, 20)
+        h.send(t + 0.5, T_LOW)
+    opts = {"target_topic_spread": float("inf")}
+    (e,) = check(h.ops, opts).stats["scale_events"]
+    assert e["balanced_after_s"] == pytest.approx(12.0 - 10.1)
+    (e,) = check(h.ops, {**opts, "hold_s": 5}).stats["scale_events"]
+    assert e["balanced_after_s"] == pytest.approx(20.0 - 10.1) and e["usage_spread"] == 0
+    (e,) = check(h.ops, {**opts, "hold_s": 30}).stats["scale_events"]      # the run ends first
+    assert e["outcome"] == "not balanced by the end"
+    leader = H()
+    leader.nemesis(10.0, "start-scale", {"node": "broker-3"}, done=10.1)
+    for t, u2 in ((15.0, 0.4), (20.0, 0.1), (25.0, 0.4), (30.0, 0.4), (35.0, 0.45)):
+        _shedding(leader, t, {"broker-1": 0.4, "broker-2": u2})
+        leader.send(t + 1, T_LOW)
+    got = [check(leader.ops, {"scores": "leader", "hold_s": x}).stats["scale_events"][0]["balanced_after_s"]
+           for x in (0, 10)]
+    assert got == [pytest.approx(4.9), pytest.approx(14.9)]
