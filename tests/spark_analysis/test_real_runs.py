@@ -6,7 +6,8 @@ The same runs judge expectations (issue 18): the deliberately unsafe ones (a bug
 fencing checker only, `register` with `cas=unsafe`, `exactly-once` with `seek=false`, a queue that
 claims exactly-once while nacking) are detection rows, not false alarms, and the Spark columns say
 "not re-checked" where Spark has no equivalent checker. Those three runs are the workloads' own
-must-fail runs, made here once (their assertions moved here from tests/workloads/)."""
+must-fail runs, made here once (their assertions moved here from tests/workloads/), and so is the log
+workload's run with recovery fencing off."""
 from __future__ import annotations
 
 import subprocess
@@ -182,6 +183,17 @@ def test_exactly_once_resuming_from_the_subscription_misses_inputs(real_runs):
     assert not c["anomalies"].get("double-counted") and not c["anomalies"].get("duplicate-without-restart")
     assert c["stats"]["crashes"] >= 2
     assert _no_processor_left(run_dir)
+
+
+def test_log_with_recovery_fencing_off_loses_acknowledged_messages(real_runs):
+    # tests/workloads/test_pulsar_workloads_run.py's scenario for the log workload: the old owner, cut from
+    # ZooKeeper only, keeps acknowledging on a ledger the new owner closed
+    code, res, run_dir, out = real_runs[1]["log-fencing-off"]
+    assert code == 1 and res["valid"] is False, out
+    assert res["checkers"]["log"]["anomalies"].get("lost"), res["checkers"]["log"]["anomalies"].keys()
+    # the stale owner's acknowledgements lie beyond the last entry its ledger was closed at
+    fencing = res["checkers"]["fencing"]["anomalies"]
+    assert fencing.get("beyond-close") or fencing.get("split-brain"), fencing.keys()
 
 
 def test_ledger_with_bookies_ignoring_the_fence_is_invalid(real_runs):

@@ -41,7 +41,9 @@ def test_key_shared_under_faults_is_valid(tmp_path):
     assert res["checkers"]["log"]["stats"].get("subscription_type", "Key_Shared") == "Key_Shared"
 
 
-@pytest.mark.parametrize("workload, options", [("subscriptions", {"subscription": "failover"}), ("log", {})])
+# the log workload's run of the same scenario is tests/spark_analysis/test_real_runs.py's "log-fencing-off",
+# made once there for both purposes (test_log_with_recovery_fencing_off_loses_acknowledged_messages)
+@pytest.mark.parametrize("workload, options", [("subscriptions", {"subscription": "failover"})])
 def test_recovery_fencing_off_loses_acknowledged_messages(tmp_path, workload, options):
     # the old owner, cut from ZooKeeper only, keeps acknowledging on a ledger the new owner closed. The
     # cut lasts 15 s: the owner's session (6 s) expires on the server well before the heal; producers
