@@ -34,10 +34,19 @@ def test_balance_under_every_load_moving_fault_is_valid(tmp_path):
 def test_concurrent_splits_without_cas_are_caught(tmp_path):
     # two bundles split at once every 2 s (bench/lb_detection.py's scenario): with the knob, one split's
     # boundaries are overwritten, its parent range is assigned again while the children's owner serves
-    # them: two owners
-    code, res, out, _ = runs.run(
-        tmp_path, prefix="balk", workload="balance", brokers=3, topics=40, time_limit=40.0, seed=1,
-        nemesis=["split"], nemesis_interval=2.0, lb_settings={"loadBalancerReportUpdateMinIntervalMillis": 1000},
-        bugs={"broker.split_without_cas": True})
-    assert code == 1 and res["valid"] is False, (out[-3000:], anomalies(res))
-    assert res["checkers"]["ownership"]["anomalies"].get("double-owner"), anomalies(res)
+    # them: two owners, or (when the overwritten boundaries no longer name the children's locks) a broker
+    # serving a topic of a bundle whose lock it does not hold; either is the ownership checker catching it.
+    # The race is caught in 4 of 5 runs (bench/README.md), so up to three seeds, stopping at the first
+    # caught: an ineffective knob leaves all three valid and fails the test.
+    seen = []
+    for seed in (1, 2, 3):
+        code, res, out, _ = runs.run(
+            tmp_path / f"s{seed}", prefix="balk", workload="balance", brokers=3, topics=40, time_limit=40.0,
+            seed=seed, nemesis=["split"], nemesis_interval=2.0,
+            lb_settings={"loadBalancerReportUpdateMinIntervalMillis": 1000}, bugs={"broker.split_without_cas": True})
+        own = res["checkers"]["ownership"]
+        seen.append((seed, code, anomalies(res)))
+        if code == 1 and res["valid"] is False and own["valid"] is False and (
+                own["anomalies"].get("double-owner") or own["anomalies"].get("served-without-lock")):
+            return
+    raise AssertionError(f"broker.split_without_cas not caught by the ownership checker in 3 runs: {seen}")
