@@ -50,6 +50,7 @@ The verdict is "unknown" when `require_convergence` is true and the history has 
 from __future__ import annotations
 
 import bisect
+import functools
 import statistics
 from collections import deque
 from typing import Any
@@ -158,6 +159,14 @@ class _Streak:
         if self.start is None:
             self.start = (t, info)
         return self.start if t - self.start[0] >= self.hold else None
+
+
+def _reflects(kind: str, brokers: list[str], present: Any, reported_since: Any = None) -> bool:
+    """Whether the brokers `present` at an instant reflect a scale event: none of a leave's brokers is
+    there; every one of a join's is (and, for reports, has reported since the event)."""
+    if kind == "leave":
+        return not any(b in present for b in brokers)
+    return all(b in present and (reported_since is None or b in reported_since) for b in brokers)
 
 
 def _mean_since(samples: deque[tuple[int, float]], since: float, default: Any) -> Any:
@@ -321,8 +330,10 @@ class _Balance:
             return max(abs(u - mean) for u in us)
         return max(us) - min(us)
 
+    @functools.cached_property
     def leader_scores(self) -> list[tuple[int, dict[str, float]]]:
-        """(t, {broker node: averaged score}) of every ThresholdShedder cycle of the leader."""
+        """(t, {broker node: averaged score}) of every ThresholdShedder cycle of the leader (read once,
+        for every scale event)."""
         out = []
         for t, v in self.lb:
             if v.get("event") != "shedding":
@@ -339,13 +350,12 @@ class _Balance:
         """_judge on the leader's averaged scores: the first shedding cycle at or after `at` (and up to the
         last send) whose brokers reflect the event and whose scores are within the target."""
         end = self.t_clients if self.t_clients >= 0 else self.t_end
-        cycles = [(t, sc) for t, sc in self.leader_scores() if at <= t <= end]
+        cycles = [(t, sc) for t, sc in self.leader_scores if at <= t <= end]
         e["judged"] = bool(cycles)
         last = None
         streak = _Streak(float(self.o.get("hold_s") or 0.0) * 1e9)
         for t, sc in cycles:
-            if (kind == "leave" and any(b in sc for b in brokers)) or \
-                    (kind == "join" and not all(b in sc for b in brokers)):
+            if not _reflects(kind, brokers, sc):
                 streak.feed(t, False)
                 continue
             sp = self.usage_spread(list(sc.values()))
@@ -398,8 +408,7 @@ class _Balance:
                 live = {b: {**v, "max_usage_with_weight": _mean_since(recent.get(b, []), t - smooth,
                                                                       v.get("max_usage_with_weight"))}
                         for b, v in live.items()}
-            if (kind == "leave" and any(b in live for b in brokers)) or \
-                    (kind == "join" and not all(b in reported_since and b in live for b in brokers)):
+            if not _reflects(kind, brokers, live, reported_since):
                 streak.feed(t, False)
                 continue
             sp = self.spread(live)
