@@ -25,8 +25,10 @@ A pure function over a history holding the brokers' `lb-event` rows (`core/obser
   min. With `scores="leader"` the scores are the leader's averaged ones that ThresholdShedder compares
   (its `shedding` events), the instants its cycles, the live brokers those it judged, and the topic
   criterion is not applied. With `hold_s` the criterion must then hold at every instant for `hold_s`
-  seconds (judged up to the last send; the time is to the first of them). Otherwise "not balanced by the
-  end".
+  seconds (judged up to the last send; the time is to the first of them). An event is judged until the
+  next one begins (a join with its stop's invocation: the brokers start and report before it completes).
+  With `settled` the time is to the start of the streak that lasts until the event's phase ends (the
+  next event's beginning, or the last send), if it lasted `hold_s`: the settling time. Otherwise "not balanced by the end".
 - Moves. `unload` events by reason (`shed:<Strategy>`, `split`), `split` and `split-decision` events,
   and the nemesis's admin `unload` and `split` ops (ok or info starts; their bundles from the value:
   `bundle`, `bundles` or `splits`). Admin unloads log no event; an admin split logs `split` and its
@@ -88,6 +90,11 @@ DEFAULTS: dict[str, Any] = {
     # still to the first of them): a band met by chance for a moment, e.g. by a joined broker's first
     # one or two reports, does not count
     "hold_s": 0.0,
+    # True: balanced only from the start of the streak that lasts until the event's phase ends (the next
+    # scale event, or the last send), and at least hold_s: the settling time. A load still arriving (the
+    # producers of a leaving broker's bundles come back over some 20 s) can meet the band for a while
+    # before it moves out of it; that is not convergence
+    "settled": False,
     "max_anomalies": 1000,
     "max_unavailability_rows": 500,  # per-topic rows listed in stats (the worst first)
 }
@@ -146,10 +153,12 @@ def long_unavailability_cases(gaps: list[dict[str, Any]], limit: Any, cases: Cas
 class _Streak:
     """The first instant of a run of instants at which the criterion held for at least `hold_ns`
     (0: the first instant it held); an instant where it did not, or that does not reflect the event,
-    starts over."""
+    starts over. `settled`: feed answers nothing, and `settled_at(end)` gives the start of the run still
+    going at `end`, if it lasted `hold_ns`."""
 
-    def __init__(self, hold_ns: float):
+    def __init__(self, hold_ns: float, settled: bool = False):
         self.hold = hold_ns
+        self.settled = settled
         self.start: tuple[float, Any] | None = None
 
     def feed(self, t: float, ok: bool, info: Any = None) -> tuple[float, Any] | None:
@@ -158,7 +167,12 @@ class _Streak:
             return None
         if self.start is None:
             self.start = (t, info)
-        return self.start if t - self.start[0] >= self.hold else None
+        return self.start if not self.settled and t - self.start[0] >= self.hold else None
+
+    def settled_at(self, end: float) -> tuple[float, Any] | None:
+        if self.settled and self.start is not None and end - self.start[0] >= self.hold:
+            return self.start
+        return None
 
 
 def _reflects(kind: str, brokers: list[str], present: Any, reported_since: Any = None) -> bool:
@@ -297,10 +311,16 @@ class _Balance:
             targets = self._broker_targets(p.value, getattr(p.start_op, "value", None))
             if not targets:
                 continue
-            events.append(self._judge(f"{p.name} start", "leave", targets, p.started_ns))
+            # (at, the moment it began to happen, ...): a join is judged from the stop's completion (the
+            # brokers are back), but began with its invocation (they start and report before it completes)
+            events.append((p.started_ns, p.started_ns, f"{p.name} start", "leave", targets))
             if p.stop_ns is not None:
-                events.append(self._judge(f"{p.name} stop", "join", targets, p.stop_ns))
-        events.sort(key=lambda e: e["at_s"])
+                events.append((p.stop_ns, p.stop_began_ns or p.stop_ns, f"{p.name} stop", "join", targets))
+        events.sort(key=lambda x: x[0])
+        # each event judged until the next one began (its phase: the brokers present then no longer
+        # reflect it)
+        events = [self._judge(what, kind, targets, at, events[i + 1][1] if i + 1 < len(events) else None)
+                  for i, (at, _, what, kind, targets) in enumerate(events)]
         for i, e in enumerate(events):
             nxt = events[i + 1]["at_s"] if i + 1 < len(events) else None
             e["next_event_s"] = nxt
@@ -346,14 +366,17 @@ class _Balance:
                 out.append((t, scores))
         return out
 
-    def _judge_leader(self, e: dict[str, Any], kind: str, brokers: list[str], at: float) -> dict[str, Any]:
-        """_judge on the leader's averaged scores: the first shedding cycle at or after `at` (and up to the
-        last send) whose brokers reflect the event and whose scores are within the target."""
-        end = self.t_clients if self.t_clients >= 0 else self.t_end
-        cycles = [(t, sc) for t, sc in self.leader_scores if at <= t <= end]
+    def _streak(self) -> _Streak:
+        return _Streak(float(self.o.get("hold_s") or 0.0) * 1e9, bool(self.o.get("settled")))
+
+    def _judge_leader(self, e: dict[str, Any], kind: str, brokers: list[str], at: float,
+                      end: float) -> dict[str, Any]:
+        """_judge on the leader's averaged scores: the first shedding cycle at or after `at` (and before
+        `end`) whose brokers reflect the event and whose scores are within the target."""
+        cycles = [(t, sc) for t, sc in self.leader_scores if at <= t < end]
         e["judged"] = bool(cycles)
         last = None
-        streak = _Streak(float(self.o.get("hold_s") or 0.0) * 1e9)
+        streak = self._streak()
         for t, sc in cycles:
             if not _reflects(kind, brokers, sc):
                 streak.feed(t, False)
@@ -361,7 +384,7 @@ class _Balance:
             sp = self.usage_spread(list(sc.values()))
             last = (t, sp, sc)
             held = streak.feed(t, sp <= float(self.o["target_spread"]) + 1e-12, (sp, sc))
-            if held:
+            if held or (t == cycles[-1][0] and (held := streak.settled_at(end))):
                 t0, (sp0, sc0) = held
                 e.update(balanced_after_s=round((t0 - at) / 1e9, 3), outcome="balanced", usage_spread=round(sp0, 4),
                          live_brokers=sorted(sc0))
@@ -371,13 +394,15 @@ class _Balance:
             e.update(last_usage_spread=round(last[1], 4), live_brokers=sorted(last[2]), last_judged_s=_s(last[0]))
         return e
 
-    def _judge(self, what: str, kind: str, brokers: list[str], at: float) -> dict[str, Any]:
+    def _judge(self, what: str, kind: str, brokers: list[str], at: float, until: float | None) -> dict[str, Any]:
         """Sweep the instants from `at` on (the event, each report, each report going stale) with each
-        broker's last report so far; the first instant that reflects the event and is balanced."""
+        broker's last report so far, up to the last send and before `until` (the next event); the first
+        instant that reflects the event and is balanced."""
         e: dict[str, Any] = {"event": what, "kind": kind, "brokers": brokers, "at_s": _s(at),
                              "balanced_after_s": None, "judged": bool(self.reports)}
         if self.o.get("scores") == "leader":
-            return self._judge_leader(e, kind, brokers, at)
+            end = self.t_clients if self.t_clients >= 0 else self.t_end
+            return self._judge_leader(e, kind, brokers, at, end + 1 if until is None else min(end + 1, until))
         if not self.reports:
             e["outcome"] = "unknown: no load-report rows"
             return e
@@ -386,6 +411,8 @@ class _Balance:
         # judged until the last client op: after it the brokers are torn down, and a cluster whose
         # brokers stop reporting one by one would look balanced once one is left
         end = self.t_clients if self.t_clients >= 0 else self.reports[-1][0]
+        if until is not None:
+            end = min(end, until - 1)
         instants = sorted(x for x in {at, *(t for t, _, _ in self.reports if t >= at), *stale} if x <= end)
         last_of: dict[str, tuple[int, dict[str, Any]]] = {}
         smooth = float(self.o.get("smooth_s") or 0.0) * 1e9
@@ -393,7 +420,7 @@ class _Balance:
         reported_since: set[str] = set()
         i, n = 0, len(self.reports)
         last = None
-        streak = _Streak(float(self.o.get("hold_s") or 0.0) * 1e9)
+        streak = self._streak()
         for t in instants:
             while i < n and self.reports[i][0] <= t:
                 rt, rb, rv = self.reports[i]
@@ -418,7 +445,7 @@ class _Balance:
             last = (t, sp, live)
             held = streak.feed(t, sp[0] <= float(self.o["target_spread"]) + 1e-12 and sp[1] <= sp[2] + 1e-9,
                                (sp, sorted(live)))
-            if held:
+            if held or (t == instants[-1] and (held := streak.settled_at(end))):
                 t0, (sp0, live0) = held
                 e.update(balanced_after_s=round((t0 - at) / 1e9, 3), outcome="balanced",
                          usage_spread=round(sp0[0], 4), topic_spread=sp0[1], topic_target=round(sp0[2], 2),
@@ -560,6 +587,7 @@ class _Balance:
             "spread_measure": self.o.get("spread_measure"),
             "scores": self.o.get("scores"),
             "hold_s": self.o.get("hold_s"),
+            "settled": bool(self.o.get("settled")),
             "target_topic_spread": self.o.get("target_topic_spread"),
             "topic_spread_fraction": self.o.get("topic_spread_fraction"),
             "scale_events": events,

@@ -57,6 +57,7 @@ class FaultPeriod:
     start_op: Any = None                 # the start's completion (the op given to feed)
     stop_op: Any = None                  # the completion that ended it
     stop_invoked_ns: float | None = None   # an undo invoked and not (yet) completed
+    stop_began_ns: float | None = None     # the invocation of the undo that ended it (its completion if none)
     failed: bool = False                 # the start failed: no effect
     point: bool = False                  # a one-shot fault
     notes: list[str] = field(default_factory=list)
@@ -156,14 +157,14 @@ class FaultTimeline:
         if type_ == INVOKE:
             p.stop_invoked_ns = t
             return
-        p.stop_invoked_ns = None
+        began, p.stop_invoked_ns = p.stop_invoked_ns, None
         if type_ == FAIL:
             p.note(f"stop failed{_err(error)}: still on")
             return
         if type_ == INFO:
             p.note(f"stop indeterminate{_err(error)}")
         stack.pop(0)
-        p.stop_ns, p.stop_op = t, op
+        p.stop_ns, p.stop_op, p.stop_began_ns = t, op, t if began is None else began
         self._state_changed(t)
 
     def _heal(self, t: float, type_: str, f: str, op: Any, error: str) -> None:
@@ -172,11 +173,11 @@ class FaultTimeline:
             if type_ == INVOKE:
                 p.stop_invoked_ns = t
                 continue
-            p.stop_invoked_ns = None
+            began, p.stop_invoked_ns = p.stop_invoked_ns, None
             if type_ == FAIL:
                 p.note(f"{f} failed{_err(error)}: still on")
             else:
-                p.stop_ns, p.stop_op = t, op
+                p.stop_ns, p.stop_op, p.stop_began_ns = t, op, t if began is None else began
                 p.note(f"ended by {f}")
         if type_ != INVOKE and type_ != FAIL:
             self._open.clear()

@@ -384,3 +384,39 @@ def test_hold_s_needs_the_band_to_last_a_moment_of_balance_is_not_enough():
     got = [check(leader.ops, {"scores": "leader", "hold_s": x}).stats["scale_events"][0]["balanced_after_s"]
            for x in (0, 10)]
     assert got == [pytest.approx(4.9), pytest.approx(14.9)]
+
+
+def test_settled_is_the_streak_that_lasts_until_the_phase_ends():
+    """broker-3 leaves at 10 s and joins again at 50 s. After the leave the two brokers are even from 12
+    to 24 s (the load not yet arrived), apart until 30 s, even from 30 s to the join: hold_s=5 takes the
+    first streak, settled the one that lasts to the join. After the join they are even from 52 to 60 s,
+    apart from 60 s to the end: not settled."""
+    h = H()
+    h.nemesis(10.0, "start-scale", {"node": "broker-3"}, done=10.1)
+    h.nemesis(50.0, "stop-scale", {"node": "broker-3"}, done=50.1)
+    for s in range(1, 80):
+        t = float(s)
+        even = 12 <= s < 24 or 30 <= s < 60
+        for b, u in (("broker-1", 0.4), ("broker-2", 0.4 if even or s < 10 else 0.1)):
+            h.report(t, b, u, 20)
+        if s < 10 or s >= 51:
+            h.report(t, "broker-3", 0.4, 20)
+        h.send(t + 0.5, T_LOW)
+    opts = {"target_topic_spread": float("inf"), "hold_s": 5}
+    leave, join = check(h.ops, opts).stats["scale_events"]
+    assert leave["balanced_after_s"] == pytest.approx(12.0 - 10.1)
+    assert join["balanced_after_s"] == pytest.approx(51.0 - 50.1)
+    st = check(h.ops, {**opts, "settled": True}).stats
+    leave, join = st["scale_events"]
+    assert st["settled"] is True
+    assert leave["balanced_after_s"] == pytest.approx(30.0 - 10.1) and leave["before_next_event"]
+    assert join["balanced_after_s"] is None and join["outcome"] == "not balanced by the end"
+    # the leader's averaged scores, the same way: even at 15 s, apart at 20 s, even from 25 s to the end
+    leader = H()
+    leader.nemesis(10.0, "start-scale", {"node": "broker-3"}, done=10.1)
+    for t, u2 in ((15.0, 0.4), (20.0, 0.1), (25.0, 0.4), (30.0, 0.4), (35.0, 0.45)):
+        _shedding(leader, t, {"broker-1": 0.4, "broker-2": u2})
+        leader.send(t + 1, T_LOW)
+    got = [check(leader.ops, {"scores": "leader", "settled": s}).stats["scale_events"][0]["balanced_after_s"]
+           for s in (False, True)]
+    assert got == [pytest.approx(4.9), pytest.approx(14.9)]
