@@ -17,6 +17,7 @@ from clusters.broker import partitions as parts
 from clusters.broker.dedup import MessageDeduplication, ZkSnapshots
 from clusters.broker.http import serve_http
 from clusters.broker.policies import PolicyCache
+from clusters.broker import schema as schemas
 from clusters.broker.managed_ledger import (ManagedLedger, ManagedLedgerError, ManagedLedgerFenced,
                                             ml_name)
 from clusters.broker.ownership import Bundle, LookupResult, Ownership, topic_namespace
@@ -43,6 +44,7 @@ class BrokerService:
         self.config = cfg
         self.store = MetadataStore(cfg.zk, session_timeout=cfg.zk_session_timeout, name=cfg.name)
         self.bk: Any = None
+        self.schemas: Any = None                 # the schema registry (clusters/broker/schema.py)
         self.io = IoCounters()                   # bytes in/out on client connections (connection.py)
         self.ownership = Ownership(self.store, cfg, on_lost=self._bundle_lost)
         self.ownership.reactivate_on_failure = bool(self.bug("broker.reactivate_on_release_failure"))
@@ -67,6 +69,8 @@ class BrokerService:
         await self.store.start()
         self.bk = await BookKeeper(self.store, add_timeout=self.config.add_timeout_s,
                                    name=self.config.name).start()
+        self.schemas = schemas.SchemaRegistry(self.store, self.bk, persistence=self._schema_persistence,
+                                              cas=not self.bug("broker.schema_no_cas"))
         # Listen before registering: a registered broker must be reachable.
         self.server = await serve_connections(self, self.config.host, self.config.port)
         self.http = await serve_http(self)          # the admin HTTP API (clusters/broker/http.py)
@@ -182,6 +186,45 @@ class BrokerService:
         self.topics[topic] = t
         log.info("loaded topic %s", topic)
         return t
+
+    # -- schemas (Pulsar's AbstractTopic.addSchema, addSchemaIfIdleOrCheckCompatible) --------------
+    def _schema_persistence(self, sid: str) -> tuple[int, int, int]:
+        pol = self.policies.cached("/".join(sid.split("/")[:2]))
+        return pol.ensemble, pol.write_quorum, pol.ack_quorum
+
+    async def namespace_policies(self, topic: str) -> Any:
+        namespace, _ = topic_namespace(topic)
+        return await self.policies.get(namespace)
+
+    async def add_schema(self, topic: str, schema: "schemas.SchemaData | None") -> int | None:
+        """The version a producer with `schema` publishes under (None: no schema). A producer
+        without one is refused on a topic with a schema when the namespace enforces validation."""
+        sid = schemas.schema_id(topic)
+        pol = await self.namespace_policies(topic)
+        if schema is None:
+            if pol.schema_validation_enforced and await self.schemas.has_schema(sid):
+                raise schemas.IncompatibleSchema(
+                    "Producers cannot connect or send message without a schema to topics with a schema "
+                    "if SchemaValidationEnforced is enabled")
+            return None
+        return await self.schemas.put_if_absent(sid, schema, pol.schema_compatibility_strategy,
+                                                allow_auto_update=pol.is_allow_auto_update_schema)
+
+    async def consumer_schema(self, topic: Topic, schema: "schemas.SchemaData") -> None:
+        """A consumer's schema: stored as the first version if the topic is idle (no schema, no
+        producer, no consumer, nothing published since it was loaded), else checked against the
+        stored ones."""
+        sid = schemas.schema_id(topic.name)
+        has = await self.schemas.has_schema(sid)
+        busy = bool(topic.producers) or topic.msgs_in > 0 or any(s.consumers for s in topic.subscriptions.values())
+        if not has and not busy:
+            await self.add_schema(topic.name, schema)
+            return
+        if not has:
+            raise schemas.IncompatibleSchema("Failed to add schema to an active topic with empty(BYTES) "
+                                             f"schema: new schema type {schema.type}")
+        pol = await self.namespace_policies(topic.name)
+        await self.schemas.check_consumer_compatibility(sid, schema, pol.schema_compatibility_strategy)
 
     # -- deduplication policy ------------------------------------------------------------
     async def topic_policy(self, topic: str) -> dict[str, Any]:

@@ -158,7 +158,7 @@ class _CachedEntry:
 class Producer:
     __slots__ = ("topic", "cnx", "producer_id", "name", "epoch", "access_mode", "user_provided_name",
                  "closed", "msgs_in", "bytes_in", "created", "topic_epoch", "connected_since",
-                 "duplicates")
+                 "duplicates", "schema_version")
 
     def __init__(self, topic: "Topic", cnx: Any, producer_id: int, name: str, epoch: int,
                  access_mode: int, user_provided_name: bool, topic_epoch: int | None = None):
@@ -176,6 +176,7 @@ class Producer:
         self.created = time.time()
         self.connected_since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self.topic_epoch = topic_epoch  # set for exclusive producers (CommandProducerSuccess.topic_epoch)
+        self.schema_version: int | None = None     # its schema's version (None: no schema)
 
     @property
     def access_mode_name(self) -> str:
