@@ -97,6 +97,12 @@ class BrokerConfig(NodeConfig):
     default_retention_size_mb: int = 0
     default_message_ttl_s: int = 0
     deduplication_enabled: bool = False
+    # Key_Shared AUTO_SPLIT: subscriptionKeySharedUseConsistentHashing (Pulsar's default: true) and
+    # subscriptionKeySharedConsistentHashingReplicaPoints; false: the auto-split range selector
+    key_shared_use_consistent_hashing: bool = True
+    key_shared_consistent_hashing_points: int = 100
+    # Failover: activeConsumerFailoverDelayTimeMillis, the pause before a new active consumer is served
+    active_consumer_failover_delay_s: float = 1.0
     # schemas (clusters/broker/schema.py): schemaCompatibilityStrategy, the namespaces' default
     schema_compatibility_strategy: str = "FULL"
     # delayed delivery (Shared/Key_Shared): delayedDeliveryEnabled

@@ -828,7 +828,7 @@ class ServerCnx(asyncio.Protocol):
 
     async def _get_last_message_id(self, c: Consumer, request_id: int) -> None:
         try:
-            ledger, entry, batch_index = await c.sub.topic.last_message_id()
+            ledger, entry, batch_index = await c.sub.topic.last_message_id(c.read_compacted)
         except Exception as e:  # noqa: BLE001
             self.send_error(request_id, pb.PersistenceError, f"Failed to read the last entry: {e}")
             return

@@ -32,6 +32,9 @@ Routes ({t}/{ns}: tenant/namespace; {topic}: the local name; {bundle}: 0xLLLLLLL
                                                         state, lastEntryId), cursors (markDeletePosition,
                                                         individuallyDeletedMessages, cursorLedger)
     PUT  .../{topic}/unload                            close the topic on its owner (clients reconnect)
+    GET|PUT .../{topic}/compaction                     compaction status {"status", "lastError"}; start one
+                                                        (409 while one runs)
+    GET  .../{topic}/lastMessageId                     {"ledgerId", "entryId", "partitionIndex"[, "batchIndex"]}
     GET|POST|DELETE .../{topic}/deduplicationEnabled   topic-level deduplication override (body
                                                         true/false; also .../deduplication)
     GET  /admin/v2/namespaces/{t}                      namespaces of the tenant
@@ -73,6 +76,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from clusters.broker import partitions as parts
+from clusters.broker.selectors import partition_index as parts_index
 from clusters.broker.managed_ledger import (ML_ROOT, Position, _pos_from, _ranges_from, is_system_cursor,
                                             ml_name, ml_path)
 from clusters.broker.ownership import BROKERS_PATH, NAMESPACE_ROOT
@@ -99,6 +103,8 @@ _TOPIC_ACTIONS = {
     "unload": ("PUT",),
     "deduplicationEnabled": ("GET", "POST", "DELETE"),
     "deduplication": ("GET", "POST", "DELETE"),
+    "compaction": ("GET", "PUT"),
+    "lastMessageId": ("GET",),
 }
 _NS_POLICY_ACTIONS = ("retention", "messageTTL", "deduplication", "persistence", "schemaCompatibilityStrategy",
                       "isAllowAutoUpdateSchema", "schemaValidationEnforced", "compactionThreshold")
@@ -299,6 +305,20 @@ class AdminHttpServer(HttpServer):
             return Response(200, await self.topic_stats(topic))
         if action == "internalStats":
             return Response(200, await self.internal_stats(topic))
+        if action == "compaction":
+            t = await self._loaded(topic)
+            if method == "GET":
+                return Response(200, t.compaction.status_json())
+            if not t.compaction.trigger():
+                raise HttpError(409, "Compaction already in progress")
+            return Response(204, b"")
+        if action == "lastMessageId":
+            t = await self._loaded(topic)
+            ledger, entry, batch_index = await t.last_message_id()
+            out = {"ledgerId": ledger, "entryId": entry, "partitionIndex": parts_index(topic)}
+            if batch_index >= 0:
+                out["batchIndex"] = batch_index
+            return Response(200, out)
         # unload
         await self.service.unload_topic(topic)
         return Response(204, b"")
@@ -865,7 +885,12 @@ class AdminHttpServer(HttpServer):
                      "fenced": "Fenced", "closed": "Closed"}.get(ml.state, "unknown")
             source = "memory"
             current = ledgers[-1] if ledgers else None
-            extra = {"pendingAddEntriesCount": len(loaded._adds),
+            view = getattr(loaded, "compacted", None)
+            extra = {"compactedLedger": ({"ledgerId": view.ledger_id, "entries": len(view.entries),
+                                          "size": view.size(), "offloaded": False,
+                                          "horizon": _pos(view.horizon)} if view is not None else
+                                         {"ledgerId": -1, "entries": -1, "size": -1, "offloaded": False}),
+                     "pendingAddEntriesCount": len(loaded._adds),
                      "currentLedgerEntries": (lc.entry_id + 1 if lc is not None and current is not None
                                               and lc.ledger_id == current["ledgerId"] else 0),
                      "lastLedgerCreatedTimestamp": current["timestamp"] if current else 0}
@@ -1060,6 +1085,7 @@ def _subscription_stats(t: Any, name: str, sub: Any, rate: Any) -> dict[str, Any
             "type": SUB_TYPE_NAMES.get(sub.sub_type, "?"),
             "unackedMessages": sum(c["unackedMessages"] for c in consumers),
             "msgRateRedeliver": 0.0, "isDurable": sub.durable,
+            "msgDelayed": len(getattr(sub, "delayed", ())),
             "consumers": consumers, "msgOutCounter": sub_m, "bytesOutCounter": sub_b,
             "markDeletePosition": _pos(sub.mark_delete)}
 

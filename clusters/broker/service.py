@@ -17,6 +17,7 @@ from clusters.broker import partitions as parts
 from clusters.broker.dedup import MessageDeduplication, ZkSnapshots
 from clusters.broker.http import serve_http
 from clusters.broker.policies import PolicyCache
+from clusters.broker import compaction
 from clusters.broker import schema as schemas
 from clusters.broker.managed_ledger import (ManagedLedger, ManagedLedgerError, ManagedLedgerFenced,
                                             ml_name)
@@ -78,6 +79,7 @@ class BrokerService:
         await self.load_manager.start()
         register_metrics(self)
         self._rate_task = asyncio.get_running_loop().create_task(self._rates_loop())
+        self._compaction_task = asyncio.get_running_loop().create_task(self._compaction_monitor())
         log.info("broker %s serving %s", self.config.name, self.config.service_url)
         return self
 
@@ -87,6 +89,8 @@ class BrokerService:
             self.server.close()
         if self._rate_task is not None:
             self._rate_task.cancel()
+        if getattr(self, "_compaction_task", None) is not None:
+            self._compaction_task.cancel()
         if self.http is not None:
             await self.http.close()
         for name in list(self.topics):
@@ -170,6 +174,15 @@ class BrokerService:
         except Exception as e:  # ZooKeeper unreachable, etc.: the client retries
             raise ServiceUnitNotReady(f"Failed to load topic {topic}: {e}") from e
         t = Topic(topic, ml, self)
+        try:
+            t.compacted = await compaction.load_view(self.store, self.bk, ml_name(topic))
+        except Exception as e:
+            log.warning("%s: loading the compacted view: %s", topic, e)
+            try:
+                await ml.close()
+            except Exception:
+                pass
+            raise ServiceUnitNotReady(f"Failed to load topic {topic}: compacted ledger: {e}") from e
         t.dedup = MessageDeduplication(topic, ml, ZkSnapshots(self.store, ml_name(topic)),
                                        pushed_only=bool(bugs.value(self.config.bugs, "broker.dedup_pushed_only")))
         try:
@@ -285,6 +298,32 @@ class BrokerService:
         finally:
             self._unloading.discard(bundle)
         return names
+
+    # -- compaction by threshold (brokerServiceCompactionMonitorIntervalInSeconds) ---------------
+    async def _compaction_monitor(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.compaction_monitor_interval_s)
+            try:
+                self.check_compaction()
+            except Exception:  # noqa: BLE001
+                log.warning("checking compaction thresholds", exc_info=True)
+
+    def check_compaction(self) -> list[str]:
+        """Start a compaction of every topic whose backlog after its compaction horizon exceeds its
+        namespace's compaction_threshold (bytes; 0: never). Returns the topics started."""
+        started = []
+        for name, t in list(self.topics.items()):
+            if t.closed or t.compaction.running:
+                continue
+            threshold = self.policies.cached(topic_namespace(name)[0]).compaction_threshold
+            if threshold <= 0:
+                continue
+            view = t.compacted
+            backlog = t.ml.size_after(view.horizon if view is not None else None)
+            if backlog > threshold and t.compaction.trigger():
+                log.info("%s: backlog %d bytes > compaction threshold %d: compacting", name, backlog, threshold)
+                started.append(name)
+        return started
 
     # -- rates ------------------------------------------------------------------------------
     async def _rates_loop(self) -> None:

@@ -37,8 +37,10 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
-async def _topic(entries_per_ledger: int | None = None) -> tuple[Topic, MemoryManagedLedger]:
+async def _topic(entries_per_ledger: int | None = None, **config: object) -> tuple[Topic, MemoryManagedLedger]:
     svc = MemoryBrokerService(entries_per_ledger=entries_per_ledger)
+    for k, v in config.items():
+        setattr(svc.config, k, v)
     t = await svc.get_topic("persistent://public/default/t")
     return t, svc.mls["persistent://public/default/t"]
 
@@ -280,10 +282,11 @@ def test_shared_round_robin_in_batches_of_20_within_permits_and_priority():
 
 
 def test_key_shared_routes_by_murmur3_auto_split_and_drains_moved_keys_in_order():
+    """(The auto-split selector: key_shared_use_consistent_hashing off.)"""
     from clusters.broker.murmur3 import sticky_key_hash
 
     async def scenario():
-        topic, _ = await _topic()
+        topic, _ = await _topic(key_shared_use_consistent_hashing=False)
         cnx = FakeCnx()
         p = await topic.add_producer(cnx, 0, "p")
         keys = [f"key-{i}" for i in range(12)]
