@@ -426,6 +426,16 @@ class ServerCnx(asyncio.Protocol):
 
     def _on_lookup(self, cmd: pb.BaseCommand) -> None:
         lk = cmd.lookupTopic
+        if lk.advertised_listener_name:
+            # no advertised listeners are configured: Pulsar's NamespaceService answers this
+            r = _cmd(T.LOOKUP_RESPONSE)
+            m = r.lookupTopicResponse
+            m.request_id = lk.request_id
+            m.response = pb.CommandLookupTopicResponse.Failed
+            m.error = pb.MetadataError
+            m.message = f"the broker do not have {lk.advertised_listener_name} listener"
+            self.send_command(r)
+            return
         self._spawn(self._lookup(lk.topic, lk.request_id, lk.authoritative))
 
     async def _lookup(self, topic: str, request_id: int, authoritative: bool) -> None:

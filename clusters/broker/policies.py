@@ -30,6 +30,9 @@ from clusters.metadata.store import BadVersion, NodeExists
 log = logging.getLogger(__name__)
 
 POLICIES_ROOT = "/admin/policies"
+# Pulsar's SchemaCompatibilityStrategy values (UNDEFINED in a namespace's policies: the broker's default)
+SCHEMA_STRATEGIES = ("ALWAYS_INCOMPATIBLE", "ALWAYS_COMPATIBLE", "BACKWARD", "FORWARD", "FULL",
+                     "BACKWARD_TRANSITIVE", "FORWARD_TRANSITIVE", "FULL_TRANSITIVE")
 
 
 def policies_path(namespace: str) -> str:
@@ -96,10 +99,9 @@ class NamespacePolicies:
             kw.update(ensemble=e, write_quorum=w, ack_quorum=a)
         strategy = raw.get("schema_compatibility_strategy")
         if strategy is not None and strategy != "UNDEFINED":
-            from clusters.broker.schema import STRATEGIES
-            if strategy not in STRATEGIES:
+            if strategy not in SCHEMA_STRATEGIES:
                 raise PolicyError(f"schema_compatibility_strategy must be one of UNDEFINED, "
-                                  f"{', '.join(STRATEGIES)}; got {json.dumps(strategy)[:40]}")
+                                  f"{', '.join(SCHEMA_STRATEGIES)}; got {json.dumps(strategy)[:40]}")
             kw["schema_compatibility_strategy"] = strategy
         for key in ("is_allow_auto_update_schema", "schema_validation_enforced"):
             if raw.get(key) is not None:

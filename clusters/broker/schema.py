@@ -39,6 +39,7 @@ from typing import Any
 
 from clusters.broker import avro_compat
 from clusters.broker.partitions import base_name
+from clusters.broker.policies import SCHEMA_STRATEGIES
 from clusters.metadata.store import BadVersion, NodeExists, NoNode
 
 log = logging.getLogger(__name__)
@@ -54,8 +55,7 @@ TYPE_NAMES = {0: "NONE", 1: "STRING", 2: "JSON", 3: "PROTOBUF", 4: "AVRO", 5: "B
 TYPE_VALUES = {v: k for k, v in TYPE_NAMES.items()}
 AVRO_BASED = {"AVRO", "JSON", "PROTOBUF"}
 
-STRATEGIES = ("ALWAYS_INCOMPATIBLE", "ALWAYS_COMPATIBLE", "BACKWARD", "FORWARD", "FULL",
-              "BACKWARD_TRANSITIVE", "FORWARD_TRANSITIVE", "FULL_TRANSITIVE")
+STRATEGIES = SCHEMA_STRATEGIES
 DEFAULT_STRATEGY = "FULL"          # the broker's schemaCompatibilityStrategy default
 
 

@@ -22,7 +22,7 @@ from clusters.broker import schema as schemas
 from clusters.broker.managed_ledger import (ManagedLedger, ManagedLedgerError, ManagedLedgerFenced,
                                             ml_name)
 from clusters.broker.ownership import Bundle, LookupResult, Ownership, topic_namespace
-from clusters.broker.topic import ServiceUnitNotReady, Topic
+from clusters.broker.topic import NotAllowed, ServiceUnitNotReady, Topic
 from clusters.config import BrokerConfig
 from clusters.loadbalancer import manager as load_managers
 from clusters.loadbalancer.signals import IoCounters
@@ -145,6 +145,10 @@ class BrokerService:
 
     async def get_topic(self, topic: str) -> Topic:
         topic = normalize_topic(topic)
+        if topic.startswith("non-persistent://"):
+            # as a Pulsar broker with enableNonPersistentTopics=false: we have no non-persistent
+            # topics (in-memory, no storage), and serving one as persistent would differ silently
+            raise NotAllowed("Broker is not unable to load non-persistent topic")
         loaded = self.topics.get(topic)
         if loaded is not None and not loaded.closed:
             return loaded
