@@ -17,6 +17,9 @@ Anomalies (Jepsen's names):
   unless opts["exactly_once"] is true.
 - `recovered`: an enqueue that ended info (or fail, or never completed) whose value was dequeued
   (informational: the write took effect after all). The evidence says which outcome it had.
+- `early`: a delayed message (its delivery carries "deliver_at", the wall-clock ms it was due, and
+  "received_ms", when the consumer got it) delivered before its time. Always invalid (only delayed
+  messages carry the fields).
 - `duplicate`: one value stored at two message ids (the acknowledged id and the delivered ones):
   a producer retry written twice. Invalid when opts["dedup"] is true (broker deduplication on).
 
@@ -36,7 +39,7 @@ from checkers.toolkit import (Cases, OpRefs, anomalies_of, anomaly_stats, gc_pau
                               norm_value, op_names, position_key, redelivery_count, verdict)
 from core.history import FAIL, INFO, INVOKE, OK, CheckResult, Op
 
-ANOMALY_TYPES = ("lost", "unexpected", "duplicated", "recovered", "duplicate")
+ANOMALY_TYPES = ("lost", "unexpected", "duplicated", "recovered", "duplicate", "early")
 
 DEFAULTS: dict[str, Any] = {
     "enqueue": ("enqueue", "send"),       # f names of enqueues
@@ -45,6 +48,7 @@ DEFAULTS: dict[str, Any] = {
     "read": ("read",),                    # f names of final reads (observe, do not consume)
     "exactly_once": False,                # duplicated deliveries make the history invalid
     "dedup": False,                       # a value stored at two message ids makes it invalid
+    "delayed": False,                     # informational: the workload sent delayed messages
     # anomaly types that make `valid` False; None: lost and unexpected, plus duplicated with
     # exactly_once and duplicate with dedup
     "invalid": None,
@@ -68,7 +72,7 @@ def check(history: list[Op], opts: dict[str, Any] | None = None) -> CheckResult:
 def invalid_types(opts: dict[str, Any]) -> set[str]:
     if opts.get("invalid") is not None:
         return set(opts["invalid"])
-    out = {"lost", "unexpected"}
+    out = {"lost", "unexpected", "early"}
     if opts.get("exactly_once"):
         out.add("duplicated")
     if opts.get("dedup"):
@@ -102,6 +106,8 @@ class _QueueCheck(OpRefs):
         self.open: dict[int, Op] = {}
         self.deliveries = 0
         self.redelivered = 0
+        self.early: list[tuple[str, Any, Deliv, int, int]] = []      # (queue, value, delivery, due, got)
+        self.delayed_deliveries = 0
         self.malformed = 0
         self.orphans = 0
 
@@ -195,6 +201,12 @@ class _QueueCheck(OpRefs):
                     rc = redelivery_count(rc)
                 sub = m.get("subscription", "")
                 d = m.get("message_id")
+                due = m.get("deliver_at")
+                if due is not None:
+                    self.delayed_deliveries += 1
+                    got = m.get("received_ms")
+                    if got is not None and got < due:
+                        self.early.append((q, v, (op, j, rc), due, got))
             else:
                 v, rc, sub, d = norm_value(m), 0, "", None
             if v is None:
@@ -288,7 +300,7 @@ class _QueueCheck(OpRefs):
         lost, lost_by_q = self.lost_cases(cap, queues, subs_of, drained)
         recovered, recovered_by_q = self.recovered_cases(cap, subs_of, unacked)
         cases = {"lost": lost, "unexpected": self.unexpected_cases(cap), "duplicated": self.duplicated_cases(cap),
-                 "recovered": recovered, "duplicate": self.duplicate_cases(cap)}
+                 "recovered": recovered, "duplicate": self.duplicate_cases(cap), "early": self.early_cases(cap)}
         inv_types = invalid_types(self.o)
 
         tot: dict[str, int] = {}
@@ -303,6 +315,7 @@ class _QueueCheck(OpRefs):
             "recovered": recovered.count, "unexpected": cases["unexpected"].count,
             "duplicated": cases["duplicated"].count, "stored_twice": cases["duplicate"].count,
             "deliveries": self.deliveries, "redelivered": self.redelivered,
+            "delayed_deliveries": self.delayed_deliveries, "early": cases["early"].count,
             "distinct_delivered": sum(len(c) for c in self.count.values()),
             "delivery_counts": {str(k): hist[k] for k in sorted(hist)},
             "exactly_once_ratio": _ratio(tot.get("exactly_once", 0), tot.get("pairs", 0)),
@@ -470,6 +483,15 @@ class _QueueCheck(OpRefs):
                 "observations": [self._deliv_json(w) if w is not None else
                                  {"op": self.ref(rec[1]) if rec else None, "source": "enqueue"}
                                  for w in at.values()]})
+        return cases
+
+    def early_cases(self, cap: int | None) -> Cases:
+        """`early`: a delayed message delivered before its deliverAt. Evidence: queue, value, when it
+        was due and when it arrived (wall-clock ms), how early, the delivery."""
+        cases = Cases(cap)
+        for q, v, d, due, got in self.early:
+            cases.add(lambda: {"queue": q, "value": jsonable(v), "deliver_at": due, "received_ms": got,
+                               "early_ms": due - got, "delivery": self._deliv_json(d)})
         return cases
 
     @staticmethod

@@ -1,7 +1,9 @@
 """The queue workload: producers enqueue unique ints, competing consumers on one Shared subscription
 dequeue and acknowledge them, and after the faults a drain empties the subscription.
 
-Checked as Jepsen's total-queue: every acknowledged enqueue is dequeued at least once (lost otherwise),
+With `delay_max_ms` every other enqueue is a delayed message (deliverAt), and no delivery may come
+before its time (`early`). Checked as Jepsen's total-queue: every acknowledged enqueue is dequeued at
+least once (lost otherwise),
 nothing is dequeued that was never enqueued, and how often each value was delivered (exactly-once
 analysis). With the `dedup` option the topics run with broker deduplication, and a value stored twice
 (two message ids) is then an anomaly of its own.
@@ -9,6 +11,7 @@ analysis). With the `dedup` option the topics run with broker deduplication, and
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +29,10 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "exactly_once": (False, "claim exactly-once delivery: a value dequeued twice is then invalid"),
     "nack_every": (0, "negatively acknowledge every Nth dequeued message after recording it (a consumer that "
                       "processed it and then failed): Pulsar redelivers it; 0 never"),
+    "delay_max_ms": (0, "delayed delivery: every other enqueue is sent with deliverAt = now + a delay in "
+                        "[0, delay_max_ms] (a function of its value); the queue checker's `early` finds a "
+                        "delivery before its time, `lost` a delayed message never delivered; 0 off. Keep it "
+                        "under --settle so the last ones are due before the final drain"),
 }
 # deliberately unsafe: the run must be invalid (core/expectation.py)
 UNSAFE = (Unsafe({"exactly_once": True, "nack_every": nonzero},
@@ -83,6 +90,12 @@ def start(ctx: Context) -> list[threading.Thread]:
     mine = [t for t in threads(ctx.spec, ctx.workers) if t.worker == ctx.worker]
 
     nack_every = int(ctx.spec.options.get("nack_every") or 0)
+    delay_max = int(ctx.spec.options.get("delay_max_ms") or 0)
+
+    def deliver_at(value: int) -> int | None:
+        if not delay_max or value % 2:
+            return None
+        return int(time.time() * 1000) + (value * 2654435761) % (delay_max + 1)
     kw = {"negative_ack_redelivery_delay_ms": NACK_DELAY_MS} if nack_every else {}
 
     def run(t: Thread) -> None:
@@ -92,7 +105,8 @@ def start(ctx: Context) -> list[threading.Thread]:
         def perform(p: Planned, process: int) -> tuple[str, dict[str, Any]]:
             nonlocal received
             if p.f == "enqueue":
-                return send(session, p.key, t.batched, p.value)
+                at = deliver_at(p.value)
+                return send(session, p.key, t.batched, p.value, deliver_at=at)
             if not nack_every:
                 return receive(session, p.key, SUBSCRIPTION, "Shared", name)[:2]
             type_, changes, msgs, c = receive(session, p.key, SUBSCRIPTION, "Shared", name, ack=False)
@@ -123,6 +137,7 @@ def checkers(spec: TestSpec | None = None) -> dict[str, tuple[Callable[..., Any]
     from checkers import select
     o = spec.options if spec else {}
     want = {"queue": {"enqueue": ("enqueue",), "dequeue": ("dequeue", "drain"), "dedup": bool(o.get("dedup")),
+                      "delayed": bool(o.get("delay_max_ms")),
                       "exactly_once": bool(o.get("exactly_once"))},
             "perf": {"write_fs": ("enqueue",)}}
     return select(want)
