@@ -133,6 +133,6 @@ def test_an_unknown_advertised_listener_fails_the_lookup(cluster):
     """listener_name names an advertised listener; this broker has none, so the lookup fails as
     Pulsar's does for a listener it lacks ("the broker do not have ... listener")."""
     from tests.netns import pulsar_client
-    with pulsar_client(cluster.service_url, operation_timeout_seconds=5, listener_name="internal") as c:
+    with pulsar_client(cluster.service_url, operation_timeout_seconds=2, listener_name="internal") as c:
         with pytest.raises(pulsar.PulsarException):
             c.create_producer("persistent://public/default/listener-test")

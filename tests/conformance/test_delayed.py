@@ -34,23 +34,23 @@ def _receive_until(consumer, n: int, timeout: float) -> list[tuple[float, bytes]
 
 @pytest.mark.parametrize("sub_type", [pulsar.ConsumerType.Shared, pulsar.ConsumerType.KeyShared])
 def test_delayed_message_not_delivered_before_its_time(client, admin, topic, sub_type):
-    """A message sent with deliver_after=2s reaches a Shared / Key_Shared consumer no earlier than
-    2 s after it was sent; one without a delay sent after it arrives first; the subscription's stats
+    """A message sent with deliver_after=1.5s reaches a Shared / Key_Shared consumer no earlier than
+    1.5 s after it was sent; one without a delay sent after it arrives first; the subscription's stats
     count it in msgDelayed meanwhile; deliver_at (an absolute time) works the same."""
     c = client.subscribe(topic, "sub", consumer_type=sub_type)
     p = client.create_producer(topic, batching_enabled=False)
     t0 = time.time()
-    p.send(b"late", deliver_after=timedelta(seconds=2), partition_key="k")
-    p.send(b"at", deliver_at=int((t0 + 2.5) * 1000), partition_key="j")
+    p.send(b"late", deliver_after=timedelta(milliseconds=1500), partition_key="k")
+    p.send(b"at", deliver_at=int((t0 + 1.8) * 1000), partition_key="j")
     p.send(b"now", partition_key="k")
-    first = _receive_until(c, 1, 1.5)
+    first = _receive_until(c, 1, 1.0)
     assert [d for _, d in first] == [b"now"]
     stats = admin.ok("GET", f"/admin/v2/{rest_path(topic)}/stats")
     assert stats["subscriptions"]["sub"]["msgDelayed"] == 2, stats["subscriptions"]["sub"]
     rest = _receive_until(c, 2, 10)
     got = {d: at for at, d in rest}
     assert set(got) == {b"late", b"at"}, rest
-    assert got[b"late"] >= t0 + 2.0 and got[b"at"] >= t0 + 2.5, (t0, got)
+    assert got[b"late"] >= t0 + 1.5 and got[b"at"] >= t0 + 1.8, (t0, got)
     p.close()
     c.close()
 
