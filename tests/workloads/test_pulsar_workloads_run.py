@@ -57,3 +57,17 @@ def test_recovery_fencing_off_loses_acknowledged_messages(tmp_path, workload, op
     # the stale owner's acknowledgements lie beyond the last entry its ledger was closed at
     fencing = res["checkers"]["fencing"]["anomalies"]
     assert fencing.get("beyond-close") or fencing.get("split-brain"), fencing.keys()
+
+
+def test_schema_workload_under_kills_is_valid(tmp_path):
+    # the one real-cluster run of the schema workload: evolutions through producers, consumers and the
+    # admin API of either broker while brokers and bookies are killed; incompatible schemas refused,
+    # and every broker answering the same versions at the end
+    code, res, out = run(tmp_path, workload="schema", time_limit=12.0, nemesis=["kill"], nemesis_interval=4.0,
+                         rate=100)
+    s = res["checkers"]["schema"]
+    assert code == 0 and res["valid"] is True, (out, {k: c["anomalies"] for k, c in res["checkers"].items()})
+    created = s["stats"]["creations"]
+    assert any(k.startswith("register:compatible:ok") for k in created), created
+    assert any(k.endswith(":fail") and ":compatible:" not in k for k in created), created
+    assert s["stats"]["messages"] > 100 and sum(s["stats"]["versions"].values()) > 2, s["stats"]
