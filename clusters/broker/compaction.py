@@ -18,7 +18,12 @@ to `{"ledger", "horizon", "entries"}` (where Pulsar puts the ledger id in the `_
 cursor's properties; our cursors have none), the `__compaction` cursor's mark-delete moves to the
 horizon (so retention may now trim what it compacted: until then the cursor holds it), and the
 previous compacted ledger is deleted. A crash between any two steps leaves the previous view or the
-new one whole. A compressed batch other than ZLIB cannot be rewritten here: the run fails with that
+new one whole. The new ledger is deleted only when the znode surely does not name it (a lost
+compare-and-set: BadVersion, NodeExists, NoNode); after any other error (a ZooKeeper timeout may
+come after the write was applied) the znode is read again and the ledger kept if it is named there,
+or if the znode cannot be read (a leaked ledger at worst, never a znode naming a deleted one). A run
+stops when its topic closes (Topic.close cancels it, and a run checks before the znode write), so a
+run left over from an unload cannot swap the znode under the next owner. A compressed batch other than ZLIB cannot be rewritten here: the run fails with that
 error (status ERROR) and the topic is left as it was.
 """
 from __future__ import annotations
@@ -199,15 +204,33 @@ class Compactor:
     def trigger(self) -> bool:
         """Start a run; False if one is running."""
         import asyncio
-        if self.running:
+        if self.running or self.topic.closed:
             return False
         self.task = asyncio.get_running_loop().create_task(self._run())
         return True
 
+    async def stop(self) -> None:
+        """The topic closes: end a run under way (Topic.close). Cancelled while the znode write is
+        out, the write may still apply (before this broker lets the topic go, so the next owner
+        reads it): the new ledger is kept, the previous one leaks at worst."""
+        import asyncio
+        task = self.task
+        if task is None or task.done():
+            return
+        task.cancel()
+        try:
+            await task
+        except BaseException:  # noqa: BLE001 - its own cancellation, or what it failed with
+            pass
+
     async def _run(self) -> None:
+        import asyncio
         try:
             await self.run()
             self.status, self.last_error = "SUCCESS", ""
+        except asyncio.CancelledError:
+            self.status, self.last_error = "ERROR", "the topic closed during the run"
+            raise
         except Exception as e:  # noqa: BLE001 - reported by the status endpoint
             log.warning("%s: compaction failed: %s", self.topic, e)
             self.status, self.last_error = "ERROR", f"{type(e).__name__}: {e}"
@@ -240,23 +263,41 @@ class Compactor:
             for pos, entry in entries:
                 await lh.add_entry(_POS.pack(pos.ledger_id, pos.entry_id) + entry)
             await lh.close()
-            path = compaction_path(ml.name)
-            data = json.dumps({"ledger": lh.ledger_id, "horizon": [horizon.ledger_id, horizon.entry_id],
-                               "entries": len(entries)}).encode()
+        except BaseException:
+            await _drop(bk, lh.ledger_id)               # nothing names it yet
+            raise
+        path = compaction_path(ml.name)
+        data = json.dumps({"ledger": lh.ledger_id, "horizon": [horizon.ledger_id, horizon.entry_id],
+                           "entries": len(entries)}).encode()
+        try:
             got = await store.get_or_none(path)
             current = json.loads(got[0] or b"{}") if got else None
             if (current or {}).get("ledger") != (old.ledger_id if old is not None else None):
                 raise CompactionError("the compacted ledger changed meanwhile (another broker compacted)")
+            if t.closed:
+                # a run left over from an unload must not swap the znode under the next owner
+                raise CompactionError("the topic closed during the run")
             if got is None:
                 await store.create(path, data, makepath=True)
             else:
                 await store.set(path, data, version=got[1])
-        except (BadVersion, NodeExists, NoNode) as err:
+        except (BadVersion, NodeExists, NoNode, CompactionError) as err:
+            # the znode was not written: nothing names the new ledger
             await _drop(bk, lh.ledger_id)
+            if isinstance(err, CompactionError):
+                raise
             raise CompactionError(f"the compaction znode changed meanwhile: {type(err).__name__}") from None
-        except Exception:
-            await _drop(bk, lh.ledger_id)
-            raise
+        except Exception as err:
+            # the outcome is unknown (a ZooKeeper timeout can come after the write was applied):
+            # the ledger is deleted only if the znode, read again, does not name it
+            named = await _names(store, path, lh.ledger_id)
+            if named is False:
+                await _drop(bk, lh.ledger_id)
+            if not named:
+                raise CompactionError(f"writing the compaction znode: {type(err).__name__}: {err}"
+                                      + ("" if named is False else
+                                         f" (outcome unknown: ledger {lh.ledger_id} kept)")) from err
+            log.info("%s: the compaction znode write answered %s but was applied", t, type(err).__name__)
         t.compacted = CompactedView(lh.ledger_id, horizon, entries)
         cursor = ml.cursors.get(COMPACTION_CURSOR)
         if cursor is None:
@@ -267,6 +308,16 @@ class Compactor:
         self.runs += 1
         log.info("%s: compacted %d entries up to %s into %d in ledger %d (%.2f s)", t, len(inputs), horizon,
                  len(entries), lh.ledger_id, time.monotonic() - started)
+
+
+async def _names(store: Any, path: str, lid: int) -> bool | None:
+    """Whether the compaction znode names ledger `lid` now (None: it cannot be read)."""
+    try:
+        got = await store.get_or_none(path)
+    except Exception as e:  # noqa: BLE001 - unknown: the caller keeps the ledger
+        log.warning("reading %s again: %s", path, e)
+        return None
+    return got is not None and json.loads(got[0] or b"{}").get("ledger") == lid
 
 
 async def _drop(bk: Any, lid: int) -> None:

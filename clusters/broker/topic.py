@@ -1853,6 +1853,7 @@ class Topic:
     async def _close(self, reason: str, close_ledger: bool, url: str | None) -> None:
         self._closing = True
         log.info("%s: closing (%s)", self, reason)
+        await self.compaction.stop()        # a run must not outlive this owner
         if self._adds:
             self._adds_drained = asyncio.Event()
             try:
