@@ -1202,8 +1202,13 @@ class Subscription:
     def _dispatch_compacted(self, view: Any, max_entries: int) -> bool:
         """The read position is at or before the compaction horizon: serve the compacted entries
         from it on (with their original ids), then continue in the topic after the horizon."""
-        entries = [(p, e, EntryInfo.from_entry(e)) for p, e in view.from_position(self.read_position, max_entries)]
         md = self.mark_delete
+        start = self.read_position
+        if md is not None and (start is None or start <= md):
+            # from the mark-delete's successor on (not from the view's first entry, or a read of
+            # max_entries all acknowledged would end the view and skip its later entries)
+            start = Position(md.ledger_id, md.entry_id + 1)
+        entries = [(p, e, EntryInfo.from_entry(e)) for p, e in view.from_position(start, max_entries)]
         if md is not None:
             entries = [x for x in entries if x[0] > md]
         if not entries:

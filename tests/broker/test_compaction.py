@@ -11,7 +11,7 @@ from clusters.broker.managed_ledger import Position
 from clusters.metadata.store import BadVersion
 from clusters.protocol import PulsarApi_pb2 as pb
 from clusters.protocol import frames
-from tests.broker.helpers import run
+from tests.broker.helpers import FakeCnx, run
 from tests.broker.memory import MemoryBrokerService
 
 TOPIC = "persistent://public/default/t"
@@ -185,4 +185,31 @@ def test_a_run_that_finds_its_topic_closed_does_not_write_the_znode():
         except C.CompactionError as e:
             assert "closed" in str(e)
         assert svc.store.writes == 0 and svc.bk.deleted == [101]
+    run(main())
+
+
+def test_a_compacted_read_with_no_read_position_starts_after_the_mark_delete():
+    async def main():
+        svc, t = await _topic(n_keys=3, rounds=2)
+        await t.compaction.run()
+        view = t.compacted
+        ids = [p for p, _ in view.entries]                 # the second round: three entries
+        assert len(ids) == 3
+        cnx = FakeCnx()
+        cmd = pb.CommandSubscribe(topic=TOPIC, subscription="s", subType=pb.CommandSubscribe.Exclusive,
+                                  consumer_id=1, request_id=0, read_compacted=True)
+        cmd.initialPosition = pb.CommandSubscribe.Earliest
+        c = await t.subscribe(cnx, cmd)
+        sub = c.sub
+        sub.mark_delete, sub.read_position = ids[0], None   # acknowledged the view's first entry
+        c.sub.flow(c, 10)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        cnx.messages.clear()
+        sub.mark_delete, sub.read_position = ids[0], None
+        sub.outstanding.clear()
+        sub._heap.clear()
+        assert sub._dispatch_compacted(view, 1)
+        assert [m[1] for m in cnx.messages] == [ids[1]]
+        assert sub.read_position <= view.horizon         # the view's last entry is still to come
     run(main())
