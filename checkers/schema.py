@@ -19,7 +19,14 @@ Anomalies (all invalid unless opts["invalid"] says otherwise):
   registration of its writer's schema on that topic was answered ok with other versions only, or
   no creation or registration of its writer's schema on that topic was ever answered ok (nor left
   indeterminate).
-- `divergence`: two brokers' final answers for one topic differ (versions, or a version's schema).
+- `divergence`: two brokers' final answers for one topic differ (versions, or a version's schema),
+  judged on the last round (the registry op's invoke value {"round"}) in which every broker asked
+  answered ok: answers from different rounds can differ while a registration finishes. A topic
+  without such a round is not judged for divergence (stats `topics_without_complete_round`).
+  Every broker reads the same locator znode, without a cache, and the admin API forwards a
+  schema request to the topic's owner (as Pulsar's SchemasResourceBase validates ownership), so a
+  divergence can practically only come from a broker bug (a stale cache, a wrong path), not from
+  the faults.
 - `incompatible-accepted`: a creation or registration answered ok that the strategy
   (opts["strategy"], FULL by default) must refuse: `must_refuse(strategy, role, change)`, once the
   topic held a schema (a compatible creation on it had been answered ok before it was invoked;
@@ -101,6 +108,8 @@ class _SchemaCheck(OpRefs):
         self.messages: list[tuple[str, dict[str, Any], Op]] = []
         self.final: dict[str, dict[str, Op]] = defaultdict(dict)           # topic -> broker -> last ok answer
         self.final_info: dict[str, int] = defaultdict(int)
+        # topic -> round -> [broker -> last ok answer in it, whether every ask in it answered ok]
+        self.rounds: dict[str, dict[Any, list[Any]]] = defaultdict(dict)
         for inv, done in pairs(h):
             if inv.f in create_fs:
                 self.creations.append((inv, done))
@@ -116,12 +125,17 @@ class _SchemaCheck(OpRefs):
                 for m in done.value if isinstance(done.value, list) else []:
                     if isinstance(m, dict):
                         self.messages.append((done.key or inv.key, m, done))
-            elif inv.f in registry_fs and done is not None:
-                if done.type == OK and isinstance(done.value, list):
+            elif inv.f in registry_fs:
+                rnd = inv.value.get("round") if isinstance(inv.value, dict) else None
+                group = self.rounds[inv.key].setdefault(rnd, [{}, True])
+                if done is not None and done.type == OK and isinstance(done.value, list):
                     broker = done.node or (inv.value.get("broker", "") if isinstance(inv.value, dict) else "")
                     self.final[inv.key][broker or f"process-{inv.process}"] = done
+                    group[0][broker or f"process-{inv.process}"] = done
                 else:
-                    self.final_info[inv.key] += 1
+                    group[1] = False
+                    if done is not None:
+                        self.final_info[inv.key] += 1
         self.stats: dict[str, Any] = {"messages": len(self.messages), "unversioned": 0, "unlabelled": 0,
                                       "creations": defaultdict(int), "topics_without_final_answer": []}
 
@@ -169,16 +183,25 @@ class _SchemaCheck(OpRefs):
         return lost, unacc, bool(unknown_topics)
 
     def divergence_cases(self) -> Cases:
-        """`divergence`: two brokers' last ok final answers for a topic differ. Evidence: the topic,
-        each broker's answer and op."""
+        """`divergence`: two brokers' answers for a topic differ in its last round where every broker
+        asked answered ok (see the module docstring). Evidence: the topic, the round, each broker's
+        answer and op."""
         cases = Cases(self.cap)
-        for topic, answers in sorted(self.final.items()):
+        without: list[str] = []
+        for topic, rounds in sorted(self.rounds.items()):
+            complete = [r for r, (_, ok) in rounds.items() if ok]
+            if not complete:
+                without.append(topic)
+                continue
+            last = max(complete, key=lambda r: -1 if r is None else r)
+            answers = rounds[last][0]
             shapes = {b: tuple(sorted((int(s["version"]), str(s.get("schema"))) for s in a.value
                                       if isinstance(s, dict))) for b, a in answers.items()}
             if len(set(shapes.values())) > 1:
-                cases.add(lambda: {"topic": topic, "answers": {b: {"op": self.ref(answers[b]),
+                cases.add(lambda: {"topic": topic, "round": last, "answers": {b: {"op": self.ref(answers[b]),
                                                                     "versions": [list(x) for x in shapes[b]]}
                                                                 for b in sorted(shapes)}})
+        self.stats["topics_without_complete_round"] = without
         return cases
 
     def incompatible_cases(self) -> Cases:

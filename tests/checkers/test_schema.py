@@ -48,10 +48,11 @@ class H:
                                         "message_id": {"ledger_id": 3, "entry_id": v, "partition": -1,
                                                        "batch_index": -1}} for v, lab, ver in msgs], key=key)
 
-    def registry(self, broker, versions, type="ok", key=T):
-        """versions: {version: label}"""
+    def registry(self, broker, versions, type="ok", key=T, round=None):
+        """versions: {version: label}; round: the workload's final round (None: not recorded)"""
         out = [{"version": v, "schema": lab, "type": "JSON"} for v, lab in sorted((versions or {}).items())]
-        return self.op("registry", {"broker": broker}, type, out if type == "ok" else None, key=key, node=broker)
+        value = {"broker": broker} if round is None else {"broker": broker, "round": round}
+        return self.op("registry", value, type, out if type == "ok" else None, key=key, node=broker)
 
     def finals(self, versions, brokers=("broker-1", "broker-2")):
         for b in brokers:
@@ -138,6 +139,29 @@ def test_divergence_judged_on_each_brokers_last_answer():
     h.registry("broker-2", {})                           # a first round still catching up
     h.registry("broker-1", {0: "base"})
     h.registry("broker-2", {0: "base"})
+    assert check(h.ops).valid is True
+
+
+def test_divergence_judged_only_on_a_round_where_every_broker_answered():
+    h = H()
+    h.create("base")
+    h.register("t0.1", 1)
+    h.deliver((1, "base", 0))
+    # round 0: broker-2 gave no answer; round 1: broker-1 gave none, and t0.1 had finished meanwhile
+    h.registry("broker-1", {0: "base"}, round=0)
+    h.registry("broker-2", None, type="info", round=0)
+    h.registry("broker-1", None, type="info", round=1)
+    h.registry("broker-2", {0: "base", 1: "t0.1"}, round=1)
+    r = check(h.ops)
+    assert r.valid is True, r.anomalies
+    assert r.stats["topics_without_complete_round"] == [T]
+    # a complete round that differs is a divergence; a later complete one that agrees clears it
+    h.registry("broker-1", {0: "base"}, round=2)
+    h.registry("broker-2", {0: "base", 1: "t0.1"}, round=2)
+    r = check(h.ops)
+    assert kinds(r) == {"divergence"} and r.anomalies["divergence"][0]["round"] == 2
+    h.registry("broker-1", {0: "base", 1: "t0.1"}, round=3)
+    h.registry("broker-2", {0: "base", 1: "t0.1"}, round=3)
     assert check(h.ops).valid is True
 
 
