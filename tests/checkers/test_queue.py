@@ -298,3 +298,22 @@ def test_delayed_message_never_delivered_is_lost():
     q.drain([], type="fail", error="empty")
     r = check(q.ops)
     assert r.valid is False and [c["value"] for c in r.anomalies["lost"]] == [2]
+
+
+def test_early_is_informational_when_the_history_holds_clock_faults():
+    """The broker decides with its own wall clock, which the clock nemesis moves: an early delivery
+    under skew is Pulsar's behaviour too (docs/architecture.md, Clock skew)."""
+    q = Q()
+    q.add(Op(process=-1, type="invoke", f="start-clock", key="",
+             value={"node": "broker-1", "mode": "strobe", "offsets": [0.0, -42.5], "period_ms": 1000}))
+    q.add(Op(process=-1, type="ok", f="start-clock", key="", value={"node": "broker-1", "mode": "strobe"}))
+    q.enqueue(0, 1)
+    _delayed(q, 1, 1, due=5000, got=4200)
+    q.drain([], type="fail", error="empty")
+    r = check(q.ops)
+    assert r.valid is True, r.anomalies
+    assert r.anomalies["early"][0]["early_ms"] == 800
+    assert r.stats["clock_faults"] == 1 and r.stats["clock_skew_ms"] == 42500
+    assert "early" not in r.stats["invalid_types"]
+    # a run that asks for it explicitly still gets it judged
+    assert check(q.ops, {"invalid": ("lost", "early")}).valid is False
