@@ -20,7 +20,7 @@ from core.expectation import Unsafe, nonzero
 from core.spec import TestSpec
 from workloads import base
 from workloads.base import MAX_WORKERS, Context, Planned
-from workloads.pulsar_client import final_drains, receive, send, session_for, set_topic_policy, topic_names
+from workloads.pulsar_client import DRAIN_IDLE_S, final_drains, receive, send, session_for, set_topic_policy, topic_names
 
 DESCRIPTION = "producers enqueue unique ints, competing Shared consumers dequeue them, a final drain empties the queue"
 OPTIONS: dict[str, tuple[Any, str]] = {
@@ -31,14 +31,28 @@ OPTIONS: dict[str, tuple[Any, str]] = {
                       "processed it and then failed): Pulsar redelivers it; 0 never"),
     "delay_max_ms": (0, "delayed delivery: every other enqueue is sent with deliverAt = now + a delay in "
                         "[0, delay_max_ms] (a function of its value); the queue checker's `early` finds a "
-                        "delivery before its time, `lost` a delayed message never delivered; 0 off. Keep it "
-                        "under --settle so the last ones are due before the final drain"),
+                        "delivery before its time, `lost` a delayed message never delivered; 0 off. Below "
+                        "(settle + 3 s) x 1000, so the last ones are due before the final drain ends"),
 }
 # deliberately unsafe: the run must be invalid (core/expectation.py)
 UNSAFE = (Unsafe({"exactly_once": True, "nack_every": nonzero},
                  "exactly-once delivery claimed while consumers negatively acknowledge messages they "
                  "recorded: Pulsar redelivers them, so values are dequeued twice",
                  label="exactly_once+nack_every"),)
+
+
+def option_problem(spec: TestSpec) -> tuple[str, str] | None:
+    """delay_max_ms in [0, (settle + DRAIN_IDLE_S) x 1000): a message due later than the final
+    drain's end would be reported lost although it was never due."""
+    d = spec.options.get("delay_max_ms", 0)
+    limit = int((spec.settle + DRAIN_IDLE_S) * 1000)
+    if isinstance(d, int) and not isinstance(d, bool) and 0 <= d < limit:
+        return None
+    return (f"delay_max_ms must be a whole number from 0 to {limit - 1} (below (settle {spec.settle:g} s + "
+            f"the final drain's {DRAIN_IDLE_S:g} s idle) x 1000), not {d!r}",
+            "lower delay_max_ms or raise --settle: the final drain must outlast the last delay")
+
+
 NACK_DELAY_MS = 200           # redelivery delay of negatively acknowledged messages (the client's default is 60 s)
 SUBSCRIPTION = "queue"
 
