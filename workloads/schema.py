@@ -40,6 +40,7 @@ Ops (f, invoke value -> ok value):
 """
 from __future__ import annotations
 
+import http.client
 import json
 import random
 import threading
@@ -197,14 +198,19 @@ def _schema_path(topic: str, what: str) -> str:
 
 
 def _http(url: str, method: str = "GET", body: Any = None, timeout: float = ADMIN_TIMEOUT_S) -> tuple[int, Any]:
-    """(status, parsed JSON or text); raises OSError (URLError) when no answer came."""
+    """(status, parsed JSON or text); raises OSError (URLError) when no whole answer came: an answer
+    cut short (http.client.HTTPException, e.g. IncompleteRead from a broker killed mid-response)
+    is raised as ConnectionError, like a reset."""
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            status, raw = r.status, r.read()
-    except urllib.error.HTTPError as e:
-        status, raw = e.code, e.read()
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                status, raw = r.status, r.read()
+        except urllib.error.HTTPError as e:
+            status, raw = e.code, e.read()
+    except http.client.HTTPException as e:
+        raise ConnectionError(f"the answer was cut short: {type(e).__name__}: {e}") from e
     try:
         return status, json.loads(raw) if raw.strip() else None
     except ValueError:
