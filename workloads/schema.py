@@ -12,7 +12,9 @@ ways (`definition(label)`, `label_of(definition)`):
                 strategy but ALWAYS_COMPATIBLE, for producers and consumers alike
   <L>!drop      L without its required id: an old reader cannot read it (FORWARD fails), it can read
                 old data (BACKWARD holds): refused for a producer under FULL and FORWARD, accepted
-                for a consumer (whose check is BACKWARD against the latest under FULL)
+                for a consumer (whose check is BACKWARD against the latest under FULL); not tried
+                for producers and registrations under BACKWARD, where it would be accepted and, as
+                the latest version, refuse every later evolution of the series
 
 `prepare` stores `base` on every topic through the admin API (so an incompatible schema is never a
 topic's first one) and sets the namespace's strategy when `strategy` is not FULL (Pulsar's default).
@@ -334,6 +336,11 @@ class _Thread:
         self.incompatible_share = float(o.get("incompatible_share", OPTIONS["incompatible_share"][0]))
         self.register_share = float(o.get("register_share", OPTIONS["register_share"][0]))
         self.rng = ctx.rng("schema-evolve", index)
+        # under BACKWARD(_TRANSITIVE) a producer's or registration's !drop is accepted and becomes
+        # the latest version, which no later series schema (id required) can read: every evolution
+        # after it would be refused, so only !type is tried there
+        strategy = str(o.get("strategy") or "FULL")
+        self.adding_changes = ("type",) if strategy in ("BACKWARD", "BACKWARD_TRANSITIVE") else ("type", "drop")
         self.label: dict[str, str] = {t: "base" for t in ctx.keys}
         self.gen = 0
         self.producers: dict[str, Any] = {}
@@ -361,7 +368,7 @@ class _Thread:
         # evolve
         if self.rng.random() < self.incompatible_share:
             role = self.rng.choice(("producer", "consumer", "register"))
-            change = "type" if role == "consumer" else self.rng.choice(("type", "drop"))
+            change = "type" if role == "consumer" else self.rng.choice(self.adding_changes)
             return self._create(role, topic, incompatible(self.label[topic], change), change)
         self.gen += 1
         label = next_label(self.index, self.gen)
@@ -397,14 +404,16 @@ class _Thread:
                 obj = self.session.client.create_producer(
                     topic, schema=json_schema(label), producer_name=f"{name}-{self.session_gen()}",
                     send_timeout_millis=SEND_TIMEOUT_MS, batching_enabled=False, block_if_queue_full=False)
-                node = self.session.node_of(topic, obj.producer_name())
             else:
                 obj = self.session.client.subscribe(
                     topic, SUBSCRIPTION, consumer_type=pulsar.ConsumerType.Shared, schema=json_schema(label),
                     initial_position=pulsar.InitialPosition.Earliest, consumer_name=name)
-                node = self.session.node_of(topic, SUBSCRIPTION)
         except Exception as e:
             return _creation_outcome(e), {"error": _err(e)}
+        try:        # made: the broker accepted the schema; where it runs is only for the record
+            node = self.session.node_of(topic, obj.producer_name() if role == "producer" else SUBSCRIPTION)
+        except Exception:
+            node = ""
         if change != "compatible":           # refused by the strategy or not: it is not adopted
             _close(obj)
             return OK, {"node": node}
