@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import json
 import logging
@@ -197,8 +198,9 @@ class SchemaRegistry:
         self.bk = bk
         self.persistence = persistence or (lambda sid: (2, 2, 2))
         self.cas = cas
-        self._data: dict[int, SchemaData] = {}            # ledger id -> its schema (immutable)
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._data: dict[int, SchemaData] = {}            # ledger id -> its schema (immutable), a cache
+        self._lids: dict[str, set[int]] = {}              # schema id -> its ledgers in _data
+        self._locks: dict[str, list[Any]] = {}            # schema id -> [lock, users]: only while in use
 
     # -- reading ----------------------------------------------------------------------
     async def _locator(self, sid: str) -> tuple[list[dict[str, Any]], int | None]:
@@ -211,7 +213,7 @@ class SchemaRegistry:
             raw = {}
         return list(raw.get("index") or []), got[1]
 
-    async def _read(self, item: dict[str, Any]) -> SchemaData:
+    async def _read(self, item: dict[str, Any], sid: str = "") -> SchemaData:
         lid = int(item["ledger"])
         hit = self._data.get(lid)
         if hit is not None:
@@ -219,12 +221,22 @@ class SchemaRegistry:
         rh = await self.bk.open_ledger(lid, recovery=False)
         entries = await rh.read(int(item.get("entry", 0)), int(item.get("entry", 0)))
         sd = SchemaData.from_json(json.loads(entries[0]))
-        self._data[lid] = sd
+        self._cache(sid, lid, sd)
         return sd
+
+    def _cache(self, sid: str, lid: int, sd: SchemaData) -> None:
+        self._data[lid] = sd
+        self._lids.setdefault(sid, set()).add(lid)
+
+    def forget(self, sid: str) -> None:
+        """Drop the cached schemas of `sid` (its topic unloaded, or its schema deleted): the cache
+        holds only what this broker serves; a later read opens the ledgers again."""
+        for lid in self._lids.pop(sid, ()):
+            self._data.pop(lid, None)
 
     async def get_all(self, sid: str) -> list[StoredSchema]:
         index, _ = await self._locator(sid)
-        return [StoredSchema(int(i["version"]), await self._read(i)) for i in index]
+        return [StoredSchema(int(i["version"]), await self._read(i, sid)) for i in index]
 
     async def get(self, sid: str, version: int | None = None) -> StoredSchema | None:
         """The latest version (None if there is none or it is a deletion), or the given version
@@ -273,11 +285,20 @@ class SchemaRegistry:
             check_compatible(live, schema, strategy)
 
     # -- writing ----------------------------------------------------------------------
-    def _lock(self, sid: str) -> asyncio.Lock:
-        lock = self._locks.get(sid)
-        if lock is None:
-            lock = self._locks[sid] = asyncio.Lock()
-        return lock
+    @contextlib.asynccontextmanager
+    async def _lock(self, sid: str) -> Any:
+        """The writers' lock of `sid`, kept in _locks only while someone holds or waits for it."""
+        entry = self._locks.get(sid)
+        if entry is None:
+            entry = self._locks[sid] = [asyncio.Lock(), 0]
+        entry[1] += 1
+        try:
+            async with entry[0]:
+                yield
+        finally:
+            entry[1] -= 1
+            if entry[1] == 0 and self._locks.get(sid) is entry:
+                del self._locks[sid]
 
     async def put_if_absent(self, sid: str, schema: SchemaData, strategy: str, *,
                             allow_auto_update: bool = True) -> int:
@@ -286,7 +307,7 @@ class SchemaRegistry:
         async with self._lock(sid):
             for _ in range(20):
                 index, zversion = await self._locator(sid)
-                stored = [StoredSchema(int(i["version"]), await self._read(i)) for i in index]
+                stored = [StoredSchema(int(i["version"]), await self._read(i, sid)) for i in index]
                 live = since_last_delete(stored)
                 for s in live:
                     if s.schema.same_as(schema):
@@ -312,6 +333,7 @@ class SchemaRegistry:
                     await self.store.delete(locator_path(sid), version=zversion if self.cas else -1)
                 except NoNode:
                     return None
+                self.forget(sid)
                 for i in index:
                     try:
                         await self.bk.delete_ledger(int(i["ledger"]))
@@ -364,7 +386,7 @@ class SchemaRegistry:
         except Exception as e:
             # the outcome is unknown: the ledger stays (a leak at worst), the caller fails
             raise SchemaStorageError(f"storing schema version {version} of {sid}: {e}") from e
-        self._data[lid] = schema
+        self._cache(sid, lid, schema)
         log.info("schema %s: version %d (%s) stored in ledger %d", sid, version, schema.type, lid)
         return version
 
@@ -387,8 +409,11 @@ class MemorySchemaRegistry(SchemaRegistry):
         got = self._index.get(sid)
         return (list(got[0]), got[1]) if got else ([], None)
 
-    async def _read(self, item: dict[str, Any]) -> SchemaData:
+    async def _read(self, item: dict[str, Any], sid: str = "") -> SchemaData:
         return self._data[int(item["ledger"])]
+
+    def forget(self, sid: str) -> None:
+        pass                                              # _data is the storage here, not a cache
 
     async def _append(self, sid, index, zversion, schema) -> int | None:
         cur = self._index.get(sid)

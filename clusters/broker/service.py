@@ -347,6 +347,8 @@ class BrokerService:
     def topic_fenced(self, topic: str) -> None:
         """Called by a Topic whose ledger was fenced: another broker owns it now."""
         t = self.topics.pop(topic, None)
+        if t is not None:
+            self._forget_schema(topic)
         # Someone else owns the bundle now, whatever our (possibly stale) ZooKeeper view says: stop
         # answering lookups for it with ourselves, and unload its other topics too. A topic of the
         # bundle left loaded (an idle one: nothing fenced it yet) would go on serving its clients
@@ -359,10 +361,17 @@ class BrokerService:
         if t is not None:
             log.warning("topic %s fenced by a new owner; unloaded (with the rest of bundle %s)", topic, bundle)
 
+    def _forget_schema(self, topic: str) -> None:
+        """Drop the registry's cached schemas of `topic` unless another loaded partition shares them."""
+        sid = schemas.schema_id(topic)
+        if self.schemas is not None and not any(schemas.schema_id(n) == sid for n in self.topics):
+            self.schemas.forget(sid)
+
     async def _unload_topic(self, topic: str) -> None:
         t = self.topics.pop(topic, None)
         if t is None:
             return
+        self._forget_schema(topic)
         try:
             await t.close("unloading")
         except Exception as e:

@@ -105,3 +105,91 @@ def test_versions_deletion_and_compare_and_set():
 def test_schema_id_is_the_partitioned_topics():
     assert S.schema_id("persistent://t/n/x-partition-3") == "t/n/x"
     assert S.version_from_bytes(S.version_bytes(5)) == 5
+
+
+class _Store:
+    """ZooKeeper's part for the registry: get_or_none / create / set / delete with versions."""
+
+    def __init__(self):
+        self.nodes = {}
+
+    async def get_or_none(self, path):
+        return self.nodes.get(path)
+
+    async def create(self, path, data, makepath=False):
+        self.nodes[path] = (data, 0)
+
+    async def set(self, path, data, version=-1):
+        self.nodes[path] = (data, self.nodes[path][1] + 1)
+
+    async def delete(self, path, version=-1):
+        del self.nodes[path]
+
+
+class _Ledger:
+    def __init__(self, lid):
+        self.ledger_id, self.entries = lid, []
+
+    async def add_entry(self, data):
+        self.entries.append(data)
+
+    async def close(self):
+        pass
+
+    async def read(self, first, last):
+        return self.entries[first:last + 1]
+
+
+class _BK:
+    def __init__(self):
+        self.ledgers, self.next = {}, 10
+
+    async def create_ledger(self, e, w, a, custom=None):
+        self.next += 1
+        lh = self.ledgers[self.next] = _Ledger(self.next)
+        return lh
+
+    async def open_ledger(self, lid, recovery=True):
+        return self.ledgers[lid]
+
+    async def delete_ledger(self, lid):
+        self.ledgers.pop(lid, None)
+
+
+def test_the_cache_and_the_locks_hold_only_what_is_in_use():
+    """_locks lasts only while a writer holds or waits; _data (a cache of immutable schemas) drops
+    a schema id's entries when it is forgotten (its topic unloaded) or force-deleted."""
+    async def main():
+        reg = S.SchemaRegistry(_Store(), _BK())
+        await asyncio.gather(reg.put_if_absent("t/n/a", sd(rec(INT_X)), "FULL"),
+                             reg.put_if_absent("t/n/a", sd(rec(INT_X, Y_DEFAULT)), "FULL"),
+                             reg.put_if_absent("t/n/b", sd(rec(INT_X)), "FULL"))
+        assert reg._locks == {}
+        assert len(reg._data) == 3
+        reg.forget("t/n/a")
+        assert len(reg._data) == 1
+        assert [s.version for s in await reg.get_all("t/n/a")] == [0, 1]     # read again from the ledgers
+        assert len(reg._data) == 3
+        await reg.delete("t/n/b", force=True)
+        assert len(reg._data) == 2 and reg._locks == {}
+    asyncio.run(main())
+
+
+def test_unloading_a_topic_forgets_its_cached_schemas_unless_a_partition_is_still_loaded():
+    from types import SimpleNamespace
+
+    from clusters.broker.service import BrokerService
+
+    class _T:
+        async def close(self, reason=""):
+            pass
+    forgotten = []
+    svc = SimpleNamespace(topics={"persistent://t/n/x-partition-0": _T(), "persistent://t/n/x-partition-1": _T(),
+                                  "persistent://t/n/y": _T()},
+                          schemas=SimpleNamespace(forget=forgotten.append))
+    svc._forget_schema = lambda topic: BrokerService._forget_schema(svc, topic)
+    asyncio.run(BrokerService._unload_topic(svc, "persistent://t/n/y"))
+    asyncio.run(BrokerService._unload_topic(svc, "persistent://t/n/x-partition-0"))
+    assert forgotten == ["t/n/y"]
+    asyncio.run(BrokerService._unload_topic(svc, "persistent://t/n/x-partition-1"))
+    assert forgotten == ["t/n/y", "t/n/x"]
