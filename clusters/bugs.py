@@ -44,8 +44,8 @@ KNOBS: dict[str, Knob] = {
     "broker.schema_no_cas": Knob(
         False, "a new schema version is written to the topic's schema locator znode without a version "
                "check (Pulsar's BookkeeperSchemaStorage does a compare-and-set), so two brokers adding a "
-               "schema at once (an old and a new owner during a takeover, or admin registrations through two "
-               "brokers) both get the same version number "
+               "schema at once (an old and a new owner during a takeover: the admin API forwards schema requests "
+               "to the owner, as Pulsar does) both get the same version number "
                "for different schemas, and one of them is lost"),
     "broker.delayed_index_in_memory": Knob(
         False, "a delayed message (deliverAt/deliverAfter on Shared and Key_Shared) counts as consumed for the "

@@ -22,14 +22,16 @@ topic's first one) and sets the namespace's strategy when `strategy` is not FULL
 Each logical client thread keeps, per topic, its current label, a producer and a Shared consumer made
 with it, and takes seeded steps: send (the message's payload names its writer's label), receive (each
 message's schema version from its metadata, its writer's label from its payload), or, now and then,
-evolve: register its next label through the admin API of a random broker (any broker answers
-`/admin/v2/schemas`, as in Pulsar; the version it answered is recorded), create a producer or a
+evolve: register its next label through the admin API of a random broker (one that does not own
+the topic forwards `/admin/v2/schemas` to the owner, as Pulsar's SchemasResourceBase validates topic
+ownership; the version it answered is recorded), create a producer or a
 consumer with it, or try an incompatible schema. The Python client (3.13) does not expose the version
 a producer was given (C++ `Producer::getSchemaVersion` is not bound), so that version is read off the
 producer's messages, which carry it in their metadata.
 
 After the faults: a final read of each topic from the earliest message (f "read"), then each broker's
-answer to GET .../schemas for each topic, asked of that broker alone (f "registry", node = broker).
+answer to GET .../schemas for each topic, asked of that broker (f "registry", node = broker; the
+broker forwards it to the topic's owner), in rounds (invoke value {"broker", "round"}).
 
 Ops (f, invoke value -> ok value):
   create-producer / create-consumer  {"schema", "change"}  -> ok | fail (refused) | info

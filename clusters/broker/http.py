@@ -1,8 +1,9 @@
 """The broker's admin HTTP API on `http_port`: Pulsar's /admin/v2 and /lookup/v2 paths where they exist.
 
-Every broker answers every request. What only a topic's owner knows (stats, internal stats, unload)
-is forwarded to the owner and its answer relayed (Pulsar redirects with 307; forwarding serves
-every HTTP client the same way, including those that do not follow redirects for PUT/POST). A
+Every broker answers every request. What only a topic's owner knows (stats, internal stats, unload,
+and the schema paths, whose ownership Pulsar's SchemasResourceBase validates too) is forwarded to
+the owner and its answer relayed (Pulsar redirects with 307; forwarding serves every HTTP client
+the same way, including those that do not follow redirects for PUT/POST). A
 forwarded request carries `forwarded=true`; a broker that is not the owner of a forwarded request
 answers 503 (ownership is moving) instead of forwarding again. Bodies are JSON.
 
@@ -325,8 +326,10 @@ class AdminHttpServer(HttpServer):
 
     # -- /admin/v2/schemas/{t}/{ns}/{topic}/... (Pulsar's SchemasResource) -------------------
     async def _schemas(self, req: Request, rest: list[str]) -> Response:
-        """The schema registry, answered by any broker: it reads and writes the shared storage
-        (ZooKeeper's locator with compare-and-set, BookKeeper's ledgers), as the owner would."""
+        """The schema registry, answered by the topic's owner: Pulsar's SchemasResourceBase checks
+        validateTopicOwnershipAsync before every operation (get, versions, delete, post,
+        compatibility, version), so a broker that does not own the topic sends the request on,
+        as the other topic paths here do (forwarded, not redirected: see the module docstring)."""
         from clusters.broker import schema as sch
         tenant = _check_name("tenant", rest[0])
         ns = _check_name("namespace", rest[1])
@@ -334,6 +337,10 @@ class AdminHttpServer(HttpServer):
             raise HttpError(400, "empty topic name")
         topic = f"persistent://{tenant}/{ns}/{rest[2]}"
         sid = sch.schema_id(topic)
+        if rest[3:4] in (["schema"], ["schemas"], ["compatibility"], ["version"]):
+            forwarded = await self._forward_to_owner(req, topic)
+            if forwarded is not None:
+                return forwarded
         registry = self.service.schemas
         what = rest[3:]
         if what == ["schema"]:
