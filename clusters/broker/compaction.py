@@ -218,10 +218,7 @@ class Compactor:
         if task is None or task.done():
             return
         task.cancel()
-        try:
-            await task
-        except BaseException:  # noqa: BLE001 - its own cancellation, or what it failed with
-            pass
+        await asyncio.wait({task})          # its outcome is its own; a cancel of ours still propagates
 
     async def _run(self) -> None:
         import asyncio
