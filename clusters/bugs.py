@@ -43,10 +43,10 @@ KNOBS: dict[str, Knob] = {
                "their owner serves them, and the parent range is assigned again"),
     "broker.schema_no_cas": Knob(
         False, "a new schema version is written to the topic's schema locator znode without a version "
-               "check (Pulsar's BookkeeperSchemaStorage does a compare-and-set), so two brokers adding a "
-               "schema at once (an old and a new owner during a takeover: the admin API forwards schema requests "
-               "to the owner, as Pulsar does) both get the same version number "
-               "for different schemas, and one of them is lost"),
+               "check (Pulsar's BookkeeperSchemaStorage does a compare-and-set, and nothing else orders "
+               "writers), so two producers or registrations bringing new schemas to one owner at once, or an "
+               "old and a new owner during a takeover, both get the same version number for different "
+               "schemas, and one of them is lost"),
     "broker.delayed_index_in_memory": Knob(
         False, "a delayed message (deliverAt/deliverAfter on Shared and Key_Shared) counts as consumed for the "
                "subscription's persisted position while it waits in the broker's in-memory delayed index, so a "

@@ -7,10 +7,12 @@ one entry (the schema: type, definition, properties, timestamp, deleted flag; JS
 writes a protobuf); the *locator* znode `/schemas/{tenant}/{namespace}/{topic}` indexes them
 (`{"index": [{"version", "ledger", "entry", "hash"}...]}`). A new version is: read the locator,
 decide (the same schema already there answers its version; else the compatibility check), write the
-ledger, then compare-and-set the locator on the version read; a broker that loses the race deletes
-its ledger and starts again from the new locator (Pulsar's BookkeeperSchemaStorage.putSchema). So
-two brokers (an old and a new owner during a takeover) can never give the same version number to
-two schemas. The bug knob `broker.schema_no_cas` writes the locator without the version check.
+ledger, then compare-and-set the locator on the version read; a writer that loses the race deletes
+its ledger and starts again from the new locator (Pulsar's BookkeeperSchemaStorage.putSchema). As in
+Pulsar there is no lock beside it: two producers bringing new schemas to one owner at once, or two
+brokers (an old and a new owner during a takeover), race through that compare-and-set, so they can
+never give the same version number to two schemas. The bug knob `broker.schema_no_cas` writes the
+locator without the version check.
 Every read goes to ZooKeeper (the locator) and BookKeeper (cached per ledger: a version never
 changes), so every broker answers the same versions.
 
@@ -30,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import hashlib
 import json
 import logging
@@ -200,7 +201,6 @@ class SchemaRegistry:
         self.cas = cas
         self._data: dict[int, SchemaData] = {}            # ledger id -> its schema (immutable), a cache
         self._lids: dict[str, set[int]] = {}              # schema id -> its ledgers in _data
-        self._locks: dict[str, list[Any]] = {}            # schema id -> [lock, users]: only while in use
 
     # -- reading ----------------------------------------------------------------------
     async def _locator(self, sid: str) -> tuple[list[dict[str, Any]], int | None]:
@@ -285,47 +285,31 @@ class SchemaRegistry:
             check_compatible(live, schema, strategy)
 
     # -- writing ----------------------------------------------------------------------
-    @contextlib.asynccontextmanager
-    async def _lock(self, sid: str) -> Any:
-        """The writers' lock of `sid`, kept in _locks only while someone holds or waits for it."""
-        entry = self._locks.get(sid)
-        if entry is None:
-            entry = self._locks[sid] = [asyncio.Lock(), 0]
-        entry[1] += 1
-        try:
-            async with entry[0]:
-                yield
-        finally:
-            entry[1] -= 1
-            if entry[1] == 0 and self._locks.get(sid) is entry:
-                del self._locks[sid]
-
     async def put_if_absent(self, sid: str, schema: SchemaData, strategy: str, *,
                             allow_auto_update: bool = True) -> int:
         """The version of `schema`: an existing equal one, else a new one if compatible."""
         validate(schema)
-        async with self._lock(sid):
-            for _ in range(20):
-                index, zversion = await self._locator(sid)
-                stored = [StoredSchema(int(i["version"]), await self._read(i, sid)) for i in index]
-                live = since_last_delete(stored)
-                for s in live:
-                    if s.schema.same_as(schema):
-                        return s.version
-                if not allow_auto_update:
-                    raise IncompatibleSchema("Schema not found and schema auto updating is disabled.")
-                check_compatible([s.schema for s in live], schema, strategy)
-                schema.timestamp = int(time.time() * 1000)
-                new = await self._append(sid, index, zversion, schema)
-                if new is not None:
-                    return new
-            raise SchemaStorageError(f"could not store a schema for {sid}: too many concurrent writers")
+        for _ in range(20):
+            index, zversion = await self._locator(sid)
+            stored = [StoredSchema(int(i["version"]), await self._read(i, sid)) for i in index]
+            live = since_last_delete(stored)
+            for s in live:
+                if s.schema.same_as(schema):
+                    return s.version
+            if not allow_auto_update:
+                raise IncompatibleSchema("Schema not found and schema auto updating is disabled.")
+            check_compatible([s.schema for s in live], schema, strategy)
+            schema.timestamp = int(time.time() * 1000)
+            new = await self._append(sid, index, zversion, schema)
+            if new is not None:
+                return new
+        raise SchemaStorageError(f"could not store a schema for {sid}: too many concurrent writers")
 
     async def delete(self, sid: str, *, force: bool = False, user: str = "") -> int | None:
         """Delete the schema: a deleted version (its number returned), or with `force` the whole
         storage (None). Returns None also when there was nothing to delete."""
-        async with self._lock(sid):
-            if force:
+        if force:
+            for _ in range(20):
                 index, zversion = await self._locator(sid)
                 if zversion is None:
                     return None
@@ -333,6 +317,8 @@ class SchemaRegistry:
                     await self.store.delete(locator_path(sid), version=zversion if self.cas else -1)
                 except NoNode:
                     return None
+                except BadVersion:
+                    continue                    # a version added meanwhile: its ledger goes too
                 self.forget(sid)
                 for i in index:
                     try:
@@ -340,15 +326,16 @@ class SchemaRegistry:
                     except Exception as e:  # noqa: BLE001 - a leaked ledger, not a lost schema
                         log.warning("schema %s: deleting ledger %s: %s", sid, i["ledger"], e)
                 return None
-            for _ in range(20):
-                index, zversion = await self._locator(sid)
-                if not index:
-                    return None
-                new = await self._append(sid, index, zversion,
-                                         SchemaData("NONE", b"", {}, int(time.time() * 1000), True, user))
-                if new is not None:
-                    return new
             raise SchemaStorageError(f"could not delete the schema of {sid}: too many concurrent writers")
+        for _ in range(20):
+            index, zversion = await self._locator(sid)
+            if not index:
+                return None
+            new = await self._append(sid, index, zversion,
+                                     SchemaData("NONE", b"", {}, int(time.time() * 1000), True, user))
+            if new is not None:
+                return new
+        raise SchemaStorageError(f"could not delete the schema of {sid}: too many concurrent writers")
 
     async def _append(self, sid: str, index: list[dict[str, Any]], zversion: int | None,
                       schema: SchemaData) -> int | None:

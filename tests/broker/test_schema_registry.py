@@ -108,21 +108,36 @@ def test_schema_id_is_the_partitioned_topics():
 
 
 class _Store:
-    """ZooKeeper's part for the registry: get_or_none / create / set / delete with versions."""
+    """ZooKeeper's part for the registry: get_or_none / create / set / delete with versions checked
+    as ZooKeeper checks them; each call yields first, so concurrent writers interleave."""
 
     def __init__(self):
         self.nodes = {}
 
     async def get_or_none(self, path):
+        await asyncio.sleep(0)
         return self.nodes.get(path)
 
     async def create(self, path, data, makepath=False):
+        await asyncio.sleep(0)
+        if path in self.nodes:
+            raise S.NodeExists(path)
         self.nodes[path] = (data, 0)
 
     async def set(self, path, data, version=-1):
+        await asyncio.sleep(0)
+        if path not in self.nodes:
+            raise S.NoNode(path)
+        if version != -1 and version != self.nodes[path][1]:
+            raise S.BadVersion(path)
         self.nodes[path] = (data, self.nodes[path][1] + 1)
 
     async def delete(self, path, version=-1):
+        await asyncio.sleep(0)
+        if path not in self.nodes:
+            raise S.NoNode(path)
+        if version != -1 and version != self.nodes[path][1]:
+            raise S.BadVersion(path)
         del self.nodes[path]
 
 
@@ -156,23 +171,48 @@ class _BK:
         self.ledgers.pop(lid, None)
 
 
-def test_the_cache_and_the_locks_hold_only_what_is_in_use():
-    """_locks lasts only while a writer holds or waits; _data (a cache of immutable schemas) drops
-    a schema id's entries when it is forgotten (its topic unloaded) or force-deleted."""
+def test_the_cache_holds_only_what_is_in_use():
+    """_data (a cache of immutable schemas) drops a schema id's entries when it is forgotten (its
+    topic unloaded) or force-deleted."""
     async def main():
         reg = S.SchemaRegistry(_Store(), _BK())
-        await asyncio.gather(reg.put_if_absent("t/n/a", sd(rec(INT_X)), "FULL"),
-                             reg.put_if_absent("t/n/a", sd(rec(INT_X, Y_DEFAULT)), "FULL"),
+        await reg.put_if_absent("t/n/a", sd(rec(INT_X)), "FULL")
+        await asyncio.gather(reg.put_if_absent("t/n/a", sd(rec(INT_X, Y_DEFAULT)), "FULL"),
                              reg.put_if_absent("t/n/b", sd(rec(INT_X)), "FULL"))
-        assert reg._locks == {}
         assert len(reg._data) == 3
         reg.forget("t/n/a")
         assert len(reg._data) == 1
         assert [s.version for s in await reg.get_all("t/n/a")] == [0, 1]     # read again from the ledgers
         assert len(reg._data) == 3
         await reg.delete("t/n/b", force=True)
-        assert len(reg._data) == 2 and reg._locks == {}
+        assert len(reg._data) == 2
     asyncio.run(main())
+
+
+# three compatible evolutions of one schema (each adds an optional field)
+EVOLVED = [rec(INT_X), rec(INT_X, Y_DEFAULT), rec(INT_X, Y_DEFAULT, {"name": "z", "type": ["null", "int"], "default": None})]
+
+
+@pytest.mark.parametrize("cas", [True, False])
+def test_concurrent_writers_on_one_registry_race_through_the_compare_and_set(cas):
+    """No lock orders writers (Pulsar has none): three new schemas brought to one broker at once each
+    get their own version with the compare-and-set; without it (broker.schema_no_cas) two get the
+    same version number and the locator keeps only one of them."""
+    async def main():
+        store, bk = _Store(), _BK()
+        reg = S.SchemaRegistry(store, bk, cas=cas)
+        got = await asyncio.gather(*(reg.put_if_absent("t/n/a", sd(s), "ALWAYS_COMPATIBLE") for s in EVOLVED))
+        index = [(s.version, json.loads(s.schema.data)) for s in await S.SchemaRegistry(store, bk).get_all("t/n/a")]
+        return got, index
+    got, index = asyncio.run(main())
+    if cas:
+        assert sorted(got) == [0, 1, 2]
+        assert sorted(v for v, _ in index) == [0, 1, 2]
+        assert all(dict(index)[v] == EVOLVED[i] for i, v in enumerate(got))     # each writer's own schema
+    else:
+        assert len(set(got)) < 3                      # one version number given to two schemas
+        stored = [schema for _, schema in index]
+        assert any(s not in stored for s in EVOLVED)  # and one of them is lost
 
 
 def test_unloading_a_topic_forgets_its_cached_schemas_unless_a_partition_is_still_loaded():
