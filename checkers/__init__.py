@@ -45,6 +45,9 @@ REGISTRY: Registry[Checker] = Registry("checker", {
                          "hash space, shedding rules, no serving without the lock", observers=("ownership",)),
     "balance": Checker("checkers.balance", "load per broker over time, time to a balanced cluster after brokers "
                        "leave or join, unloads and splits, per-topic unavailability during unloads"),
+    "schema": Checker("checkers.schema", "schema versions of messages against the registry: lost-version, "
+                      "unaccepted-version, divergence (brokers answering differently), incompatible-accepted, "
+                      "version-conflict (two schemas under one version)"),
 })
 
 

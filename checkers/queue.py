@@ -17,6 +17,12 @@ Anomalies (Jepsen's names):
   unless opts["exactly_once"] is true.
 - `recovered`: an enqueue that ended info (or fail, or never completed) whose value was dequeued
   (informational: the write took effect after all). The evidence says which outcome it had.
+- `early`: a delayed message (its delivery carries "deliver_at", the wall-clock ms it was due, and
+  "received_ms", when the consumer got it) delivered before its time. Invalid, unless the history
+  holds a clock fault (a nemesis op "start-clock"): the broker decides with its own wall clock,
+  which that nemesis moves, so under skew an early delivery is Pulsar's behaviour too
+  (docs/architecture.md, "Clock skew"); then it is informational, with the largest skew applied
+  in the stats (`clock_skew_ms`). Only delayed messages carry the fields.
 - `duplicate`: one value stored at two message ids (the acknowledged id and the delivered ones):
   a producer retry written twice. Invalid when opts["dedup"] is true (broker deduplication on).
 
@@ -34,9 +40,9 @@ from typing import Any
 
 from checkers.toolkit import (Cases, OpRefs, anomalies_of, anomaly_stats, gc_paused, jsonable, mid_json, mid_tuple,
                               norm_value, op_names, position_key, redelivery_count, verdict)
-from core.history import FAIL, INFO, INVOKE, OK, CheckResult, Op
+from core.history import FAIL, INFO, INVOKE, NEMESIS_PROCESS, OK, CheckResult, Op
 
-ANOMALY_TYPES = ("lost", "unexpected", "duplicated", "recovered", "duplicate")
+ANOMALY_TYPES = ("lost", "unexpected", "duplicated", "recovered", "duplicate", "early")
 
 DEFAULTS: dict[str, Any] = {
     "enqueue": ("enqueue", "send"),       # f names of enqueues
@@ -45,6 +51,7 @@ DEFAULTS: dict[str, Any] = {
     "read": ("read",),                    # f names of final reads (observe, do not consume)
     "exactly_once": False,                # duplicated deliveries make the history invalid
     "dedup": False,                       # a value stored at two message ids makes it invalid
+    "delayed": False,                     # informational: the workload sent delayed messages
     # anomaly types that make `valid` False; None: lost and unexpected, plus duplicated with
     # exactly_once and duplicate with dedup
     "invalid": None,
@@ -65,10 +72,12 @@ def check(history: list[Op], opts: dict[str, Any] | None = None) -> CheckResult:
     return r
 
 
-def invalid_types(opts: dict[str, Any]) -> set[str]:
+def invalid_types(opts: dict[str, Any], *, clock_faults: bool = False) -> set[str]:
+    """The anomaly types that make the history invalid; `early` is not one when the history holds
+    clock faults (see the module docstring)."""
     if opts.get("invalid") is not None:
         return set(opts["invalid"])
-    out = {"lost", "unexpected"}
+    out = {"lost", "unexpected"} if clock_faults else {"lost", "unexpected", "early"}
     if opts.get("exactly_once"):
         out.add("duplicated")
     if opts.get("dedup"):
@@ -102,6 +111,10 @@ class _QueueCheck(OpRefs):
         self.open: dict[int, Op] = {}
         self.deliveries = 0
         self.redelivered = 0
+        self.early: list[tuple[str, Any, Deliv, int, int]] = []      # (queue, value, delivery, due, got)
+        self.delayed_deliveries = 0
+        self.clock_faults = 0
+        self.clock_skew_ms = 0                                        # the largest |offset| applied
         self.malformed = 0
         self.orphans = 0
 
@@ -113,6 +126,8 @@ class _QueueCheck(OpRefs):
         for op in self.h:
             p = op.process
             if p < 0:                       # the nemesis and observers are not clients
+                if p == NEMESIS_PROCESS and op.f.startswith("start-clock"):
+                    self._clock_fault(op)
                 continue
             f = op.f
             if op.type == INVOKE:
@@ -138,6 +153,17 @@ class _QueueCheck(OpRefs):
                 self.reads.setdefault(op.key, []).append(op.type)
                 if op.type == OK:
                     self._read(op)
+
+    def _clock_fault(self, op: Op) -> None:
+        """A clock nemesis start (nemesis/clock.py): {"offset_s"} (bump) or {"offsets"} (strobe)."""
+        if op.type != INVOKE:
+            return
+        self.clock_faults += 1
+        v = op.value if isinstance(op.value, dict) else {}
+        offsets = [v.get("offset_s")] + list(v.get("offsets") or [])
+        for x in offsets:
+            if isinstance(x, (int, float)) and not isinstance(x, bool):
+                self.clock_skew_ms = max(self.clock_skew_ms, int(abs(x) * 1000))
 
     def _enqueue_invoke(self, op: Op) -> None:
         v = op.value
@@ -195,6 +221,12 @@ class _QueueCheck(OpRefs):
                     rc = redelivery_count(rc)
                 sub = m.get("subscription", "")
                 d = m.get("message_id")
+                due = m.get("deliver_at")
+                if due is not None:
+                    self.delayed_deliveries += 1
+                    got = m.get("received_ms")
+                    if got is not None and got < due:
+                        self.early.append((q, v, (op, j, rc), due, got))
             else:
                 v, rc, sub, d = norm_value(m), 0, "", None
             if v is None:
@@ -288,8 +320,8 @@ class _QueueCheck(OpRefs):
         lost, lost_by_q = self.lost_cases(cap, queues, subs_of, drained)
         recovered, recovered_by_q = self.recovered_cases(cap, subs_of, unacked)
         cases = {"lost": lost, "unexpected": self.unexpected_cases(cap), "duplicated": self.duplicated_cases(cap),
-                 "recovered": recovered, "duplicate": self.duplicate_cases(cap)}
-        inv_types = invalid_types(self.o)
+                 "recovered": recovered, "duplicate": self.duplicate_cases(cap), "early": self.early_cases(cap)}
+        inv_types = invalid_types(self.o, clock_faults=self.clock_faults > 0)
 
         tot: dict[str, int] = {}
         for q, st in per_q.items():
@@ -303,6 +335,8 @@ class _QueueCheck(OpRefs):
             "recovered": recovered.count, "unexpected": cases["unexpected"].count,
             "duplicated": cases["duplicated"].count, "stored_twice": cases["duplicate"].count,
             "deliveries": self.deliveries, "redelivered": self.redelivered,
+            "delayed_deliveries": self.delayed_deliveries, "early": cases["early"].count,
+            "clock_faults": self.clock_faults, "clock_skew_ms": self.clock_skew_ms,
             "distinct_delivered": sum(len(c) for c in self.count.values()),
             "delivery_counts": {str(k): hist[k] for k in sorted(hist)},
             "exactly_once_ratio": _ratio(tot.get("exactly_once", 0), tot.get("pairs", 0)),
@@ -470,6 +504,15 @@ class _QueueCheck(OpRefs):
                 "observations": [self._deliv_json(w) if w is not None else
                                  {"op": self.ref(rec[1]) if rec else None, "source": "enqueue"}
                                  for w in at.values()]})
+        return cases
+
+    def early_cases(self, cap: int | None) -> Cases:
+        """`early`: a delayed message delivered before its deliverAt. Evidence: queue, value, when it
+        was due and when it arrived (wall-clock ms), how early, the delivery."""
+        cases = Cases(cap)
+        for q, v, d, due, got in self.early:
+            cases.add(lambda: {"queue": q, "value": jsonable(v), "deliver_at": due, "received_ms": got,
+                               "early_ms": due - got, "delivery": self._deliv_json(d)})
         return cases
 
     @staticmethod

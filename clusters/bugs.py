@@ -41,6 +41,16 @@ KNOBS: dict[str, Knob] = {
                "check, in separate steps, so concurrent splits of one namespace overwrite each other's "
                "boundaries (apache/pulsar#1117, #1428): a split's children vanish from the boundaries while "
                "their owner serves them, and the parent range is assigned again"),
+    "broker.schema_no_cas": Knob(
+        False, "a new schema version is written to the topic's schema locator znode without a version "
+               "check (Pulsar's BookkeeperSchemaStorage does a compare-and-set, and nothing else orders "
+               "writers), so two producers or registrations bringing new schemas to one owner at once, or an "
+               "old and a new owner during a takeover, both get the same version number for different "
+               "schemas, and one of them is lost"),
+    "broker.delayed_index_in_memory": Knob(
+        False, "a delayed message (deliverAt/deliverAfter on Shared and Key_Shared) counts as consumed for the "
+               "subscription's persisted position while it waits in the broker's in-memory delayed index, so a "
+               "broker crash or an owner change loses every delayed message not yet delivered"),
     "lb.shed_to_owner": Knob(
         False, "load shedding may choose the bundle's current owner as the destination, so the bundle is "
                "unloaded and assigned back to the same broker over and over (apache/pulsar#20822)"),

@@ -97,6 +97,20 @@ class BrokerConfig(NodeConfig):
     default_retention_size_mb: int = 0
     default_message_ttl_s: int = 0
     deduplication_enabled: bool = False
+    # Key_Shared AUTO_SPLIT: subscriptionKeySharedUseConsistentHashing (Pulsar's default: true) and
+    # subscriptionKeySharedConsistentHashingReplicaPoints; false: the auto-split range selector
+    key_shared_use_consistent_hashing: bool = True
+    key_shared_consistent_hashing_points: int = 100
+    # Failover: activeConsumerFailoverDelayTimeMillis, the pause before a new active consumer is served
+    active_consumer_failover_delay_s: float = 1.0
+    # schemas (clusters/broker/schema.py): schemaCompatibilityStrategy, the namespaces' default
+    schema_compatibility_strategy: str = "FULL"
+    # delayed delivery (Shared/Key_Shared): delayedDeliveryEnabled
+    delayed_delivery_enabled: bool = True
+    # topic compaction (clusters/broker/compaction.py): brokerServiceCompactionThresholdInBytes (the
+    # namespaces' default, 0: never by threshold) and brokerServiceCompactionMonitorIntervalInSeconds
+    compaction_threshold: int = 0
+    compaction_monitor_interval_s: float = 60.0
 
     def __post_init__(self) -> None:
         # the setting under Pulsar's name, when given, is the bundles of a new namespace

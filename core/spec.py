@@ -18,7 +18,9 @@ DEFAULT_NEMESES = ("partition", "kill", "pause", "zk-isolate")
 
 
 class Catalog(Protocol):
-    """What a spec's names are checked against (the harness's `harness.catalog.CATALOG`)."""
+    """What a spec's names are checked against (the harness's `harness.catalog.CATALOG`). Optional:
+    `workload_option_problem(workload, spec) -> (problem, fix) | None`, a workload's own check of
+    its option values against the spec (used when the catalog has it)."""
 
     def workload_names(self) -> Sequence[str]: ...
 
@@ -184,6 +186,11 @@ class TestSpec:
             raise err("options", "must be a table of option = value", 'write e.g. [options] dedup = true')
         if catalog is not None:
             self._validate_options(err, *catalog.workload_options(self.workload))
+            # a workload's own check of its options' values against each other and the spec
+            check = getattr(catalog, "workload_option_problem", None)
+            problem = check(self.workload, self) if check is not None else None
+            if problem:
+                raise err("options", *problem)
         return self
 
     @staticmethod

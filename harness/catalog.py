@@ -18,6 +18,12 @@ class RegistryCatalog:
         mod = workloads.get(workload)
         return mod.OPTIONS, getattr(mod, "CHOICES", {})
 
+    def workload_option_problem(self, workload: str, spec: Any) -> tuple[str, str] | None:
+        """(problem, fix) from the workload's `option_problem(spec)`, if it has one."""
+        import workloads
+        check = getattr(workloads.get(workload), "option_problem", None)
+        return check(spec) if check is not None else None
+
     def fault_problem(self, name: Any) -> tuple[str, str] | None:
         from nemesis.base import FaultNameError
         from nemesis.registry import make

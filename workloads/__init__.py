@@ -43,6 +43,7 @@ REGISTRY: Registry[WorkloadEntry] = Registry("workload", {
     "ledger": WorkloadEntry("workloads.ledger"),
     "register": WorkloadEntry("workloads.register"),
     "balance": WorkloadEntry("workloads.balance"),
+    "schema": WorkloadEntry("workloads.schema"),
 })
 
 

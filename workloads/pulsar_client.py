@@ -238,8 +238,21 @@ def _err(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def _decode(msg: Any, with_redelivery: bool) -> dict[str, Any]:
-    d: dict[str, Any] = {"value": decode_value(msg.data()), "message_id": asdict(MessageId.from_pulsar(msg.message_id()))}
+def _decode(msg: Any, with_redelivery: bool, received_ms: int | None = None) -> dict[str, Any]:
+    data = msg.data()
+    deliver_at = None
+    if b"@" in data:                    # a delayed message: "value@deliver_at_ms" (send(deliver_at=))
+        head, _, tail = data.partition(b"@")
+        try:
+            deliver_at = int(tail)
+            data = head
+        except ValueError:
+            pass
+    d: dict[str, Any] = {"value": decode_value(data), "message_id": asdict(MessageId.from_pulsar(msg.message_id()))}
+    if deliver_at is not None:
+        d["deliver_at"] = deliver_at
+        if received_ms is not None:
+            d["received_ms"] = received_ms
     key = msg.partition_key()
     if key:
         d["key"] = key
@@ -248,16 +261,25 @@ def _decode(msg: Any, with_redelivery: bool) -> dict[str, Any]:
     return d
 
 
-def send(session: Session, topic: str, batched: bool, value: int, key: str | None = None
-         ) -> tuple[str, dict[str, Any]]:
-    """One send: ok with the message id and broker; fail if it certainly was not written; info if unsure."""
+def send(session: Session, topic: str, batched: bool, value: int, key: str | None = None,
+         deliver_at: int | None = None) -> tuple[str, dict[str, Any]]:
+    """One send: ok with the message id and broker; fail if it certainly was not written; info if unsure.
+    With `deliver_at` (wall-clock ms) the message is delayed and its payload is "value@deliver_at", so
+    whoever receives it knows when it was due."""
     import pulsar
     try:
         p = session.producer(topic, batched)
     except Exception as e:      # no producer: the message never left this process
         return FAIL, {"error": f"create_producer: {_err(e)}"}
     try:
-        mid = p.send(str(value).encode(), partition_key=key) if key else p.send(str(value).encode())
+        kw: dict[str, Any] = {}
+        if key:
+            kw["partition_key"] = key
+        payload = str(value).encode()
+        if deliver_at is not None:
+            kw["deliver_at"] = int(deliver_at)
+            payload += b"@%d" % int(deliver_at)
+        mid = p.send(payload, **kw)
     except pulsar.PulsarException as e:
         name = type(e).__name__
         if name in _BROKEN:
@@ -281,18 +303,21 @@ def receive(session: Session, topic: str, subscription: str = SUBSCRIPTION, type
     except Exception as e:
         return FAIL, {"error": f"subscribe: {_err(e)}"}, [], None
     msgs: list[Any] = []
+    stamps: list[int] = []              # wall-clock ms of each arrival (checked against deliver_at)
     error = f"Timeout: no message within {RECEIVE_WAIT_MS} ms"
     try:
         msgs.append(c.receive(RECEIVE_WAIT_MS))
+        stamps.append(int(time.time() * 1000))
         while len(msgs) < max_messages:
             msgs.append(c.receive(1))
+            stamps.append(int(time.time() * 1000))
     except pulsar.Timeout:
         pass
     except Exception as e:
         error = _err(e)
         if type(e).__name__ in _BROKEN:
             session.drop_consumer(c)
-    value = [_decode(m, True) for m in msgs]
+    value = [_decode(m, True, stamps[i] if i < len(stamps) else None) for i, m in enumerate(msgs)]
     if ack:
         for m in msgs:
             try:

@@ -1,7 +1,9 @@
 """The queue workload: producers enqueue unique ints, competing consumers on one Shared subscription
 dequeue and acknowledge them, and after the faults a drain empties the subscription.
 
-Checked as Jepsen's total-queue: every acknowledged enqueue is dequeued at least once (lost otherwise),
+With `delay_max_ms` every other enqueue is a delayed message (deliverAt), and no delivery may come
+before its time (`early`). Checked as Jepsen's total-queue: every acknowledged enqueue is dequeued at
+least once (lost otherwise),
 nothing is dequeued that was never enqueued, and how often each value was delivered (exactly-once
 analysis). With the `dedup` option the topics run with broker deduplication, and a value stored twice
 (two message ids) is then an anomaly of its own.
@@ -9,6 +11,7 @@ analysis). With the `dedup` option the topics run with broker deduplication, and
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +20,7 @@ from core.expectation import Unsafe, nonzero
 from core.spec import TestSpec
 from workloads import base
 from workloads.base import MAX_WORKERS, Context, Planned
-from workloads.pulsar_client import final_drains, receive, send, session_for, set_topic_policy, topic_names
+from workloads.pulsar_client import DRAIN_IDLE_S, final_drains, receive, send, session_for, set_topic_policy, topic_names
 
 DESCRIPTION = "producers enqueue unique ints, competing Shared consumers dequeue them, a final drain empties the queue"
 OPTIONS: dict[str, tuple[Any, str]] = {
@@ -26,12 +29,30 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "exactly_once": (False, "claim exactly-once delivery: a value dequeued twice is then invalid"),
     "nack_every": (0, "negatively acknowledge every Nth dequeued message after recording it (a consumer that "
                       "processed it and then failed): Pulsar redelivers it; 0 never"),
+    "delay_max_ms": (0, "delayed delivery: every other enqueue is sent with deliverAt = now + a delay in "
+                        "[0, delay_max_ms] (a function of its value); the queue checker's `early` finds a "
+                        "delivery before its time, `lost` a delayed message never delivered; 0 off. Below "
+                        "(settle + 3 s) x 1000, so the last ones are due before the final drain ends"),
 }
 # deliberately unsafe: the run must be invalid (core/expectation.py)
 UNSAFE = (Unsafe({"exactly_once": True, "nack_every": nonzero},
                  "exactly-once delivery claimed while consumers negatively acknowledge messages they "
                  "recorded: Pulsar redelivers them, so values are dequeued twice",
                  label="exactly_once+nack_every"),)
+
+
+def option_problem(spec: TestSpec) -> tuple[str, str] | None:
+    """delay_max_ms in [0, (settle + DRAIN_IDLE_S) x 1000): a message due later than the final
+    drain's end would be reported lost although it was never due."""
+    d = spec.options.get("delay_max_ms", 0)
+    limit = int((spec.settle + DRAIN_IDLE_S) * 1000)
+    if isinstance(d, int) and not isinstance(d, bool) and 0 <= d < limit:
+        return None
+    return (f"delay_max_ms must be a whole number from 0 to {limit - 1} (below (settle {spec.settle:g} s + "
+            f"the final drain's {DRAIN_IDLE_S:g} s idle) x 1000), not {d!r}",
+            "lower delay_max_ms or raise --settle: the final drain must outlast the last delay")
+
+
 NACK_DELAY_MS = 200           # redelivery delay of negatively acknowledged messages (the client's default is 60 s)
 SUBSCRIPTION = "queue"
 
@@ -83,6 +104,12 @@ def start(ctx: Context) -> list[threading.Thread]:
     mine = [t for t in threads(ctx.spec, ctx.workers) if t.worker == ctx.worker]
 
     nack_every = int(ctx.spec.options.get("nack_every") or 0)
+    delay_max = int(ctx.spec.options.get("delay_max_ms") or 0)
+
+    def deliver_at(value: int) -> int | None:
+        if not delay_max or value % 2:
+            return None
+        return int(time.time() * 1000) + (value * 2654435761) % (delay_max + 1)
     kw = {"negative_ack_redelivery_delay_ms": NACK_DELAY_MS} if nack_every else {}
 
     def run(t: Thread) -> None:
@@ -92,7 +119,8 @@ def start(ctx: Context) -> list[threading.Thread]:
         def perform(p: Planned, process: int) -> tuple[str, dict[str, Any]]:
             nonlocal received
             if p.f == "enqueue":
-                return send(session, p.key, t.batched, p.value)
+                at = deliver_at(p.value)
+                return send(session, p.key, t.batched, p.value, deliver_at=at)
             if not nack_every:
                 return receive(session, p.key, SUBSCRIPTION, "Shared", name)[:2]
             type_, changes, msgs, c = receive(session, p.key, SUBSCRIPTION, "Shared", name, ack=False)
@@ -123,6 +151,7 @@ def checkers(spec: TestSpec | None = None) -> dict[str, tuple[Callable[..., Any]
     from checkers import select
     o = spec.options if spec else {}
     want = {"queue": {"enqueue": ("enqueue",), "dequeue": ("dequeue", "drain"), "dedup": bool(o.get("dedup")),
+                      "delayed": bool(o.get("delay_max_ms")),
                       "exactly_once": bool(o.get("exactly_once"))},
             "perf": {"write_fs": ("enqueue",)}}
     return select(want)

@@ -16,6 +16,7 @@ import os
 import time
 from typing import Any
 
+from clusters.broker import schema as schemas
 from clusters.broker.managed_ledger import Position
 from clusters.broker.selectors import partition_index
 from clusters.broker.topic import SUB_TYPE_NAMES, BrokerServiceError, Consumer, Producer
@@ -425,6 +426,16 @@ class ServerCnx(asyncio.Protocol):
 
     def _on_lookup(self, cmd: pb.BaseCommand) -> None:
         lk = cmd.lookupTopic
+        if lk.advertised_listener_name:
+            # no advertised listeners are configured: Pulsar's NamespaceService answers this
+            r = _cmd(T.LOOKUP_RESPONSE)
+            m = r.lookupTopicResponse
+            m.request_id = lk.request_id
+            m.response = pb.CommandLookupTopicResponse.Failed
+            m.error = pb.MetadataError
+            m.message = f"the broker do not have {lk.advertised_listener_name} listener"
+            self.send_command(r)
+            return
         self._spawn(self._lookup(lk.topic, lk.request_id, lk.authoritative))
 
     async def _lookup(self, topic: str, request_id: int, authoritative: bool) -> None:
@@ -487,18 +498,65 @@ class ServerCnx(asyncio.Protocol):
         self.send_command(r)
 
     def _on_get_schema(self, cmd: pb.BaseCommand) -> None:
+        self._spawn(self._get_schema(cmd.getSchema))
+
+    async def _get_schema(self, req: pb.CommandGetSchema) -> None:
+        """GET_SCHEMA (ServerCnx.handleGetSchema): the latest version, or the one asked for."""
         r = _cmd(T.GET_SCHEMA_RESPONSE)
-        r.getSchemaResponse.request_id = cmd.getSchema.request_id
-        r.getSchemaResponse.error_code = pb.TopicNotFound
-        r.getSchemaResponse.error_message = "Topic not found or no-schema"
+        g = r.getSchemaResponse
+        g.request_id = req.request_id
+        registry = getattr(self.service, "schemas", None)
+        stored = None
+        try:
+            if registry is not None:
+                sid = schemas.schema_id(req.topic)
+                version = None
+                if req.HasField("schema_version") and req.schema_version:
+                    version = schemas.version_from_bytes(req.schema_version)
+                stored = await registry.get(sid, version)
+        except Exception as e:  # noqa: BLE001
+            log.warning("%s: schema of %s: %s", self, req.topic, e)
+            g.error_code = pb.ServiceNotReady
+            g.error_message = f"Failed to get the schema of {req.topic}: {e}"
+            self.send_command(r)
+            return
+        if stored is None:
+            g.error_code = pb.TopicNotFound
+            g.error_message = f"Topic not found or no-schema {req.topic}"
+        else:
+            schemas.fill_proto(g.schema, schemas.schema_id(req.topic), stored.schema)
+            g.schema_version = schemas.version_bytes(stored.version)
         self.send_command(r)
 
     def _on_get_or_create_schema(self, cmd: pb.BaseCommand) -> None:
-        # no schema registry: every schema is accepted as version 0
+        self._spawn(self._get_or_create_schema(cmd.getOrCreateSchema))
+
+    async def _get_or_create_schema(self, req: pb.CommandGetOrCreateSchema) -> None:
+        """GET_OR_CREATE_SCHEMA (ServerCnx.handleGetOrCreateSchema): the topic's addSchema."""
         r = _cmd(T.GET_OR_CREATE_SCHEMA_RESPONSE)
-        r.getOrCreateSchemaResponse.request_id = cmd.getOrCreateSchema.request_id
-        r.getOrCreateSchemaResponse.schema_version = (0).to_bytes(8, "big")
+        g = r.getOrCreateSchemaResponse
+        g.request_id = req.request_id
+        try:
+            topic = await self.service.get_topic(req.topic)
+            version = await self._add_schema(topic, schemas.schema_from_proto(req.schema))
+            g.schema_version = schemas.version_bytes(version if version is not None else 0)
+        except BrokerServiceError as e:
+            g.error_code = e.code
+            g.error_message = str(e)
+        except Exception as e:  # noqa: BLE001
+            g.error_code = pb.ServiceNotReady
+            g.error_message = f"Failed to add schema to {req.topic}: {e}"
         self.send_command(r)
+
+    async def _add_schema(self, topic: Any, schema: "schemas.SchemaData | None") -> int | None:
+        """The schema version of a producer (None: it publishes without one); a refusal is a
+        BrokerServiceError with Pulsar's code (IncompatibleSchema)."""
+        if getattr(self.service, "schemas", None) is None:
+            return None
+        try:
+            return await self.service.add_schema(topic.name, schema)
+        except schemas.SchemaError as e:
+            raise _schema_refusal(e) from None
 
     # ------------------------------------------------------------------ producers
     def _on_producer(self, cmd: pb.BaseCommand) -> None:
@@ -508,7 +566,7 @@ class ServerCnx(asyncio.Protocol):
             if isinstance(existing, Producer):
                 self._producer_success(p.request_id, existing.name,
                                        existing.topic.last_sequence_id(existing.name),
-                                       existing.topic_epoch)
+                                       existing.topic_epoch, schema_version=existing.schema_version)
             else:
                 self.send_error(p.request_id, pb.ServiceNotReady,
                                 "Producer is already present on the connection")
@@ -526,6 +584,11 @@ class ServerCnx(asyncio.Protocol):
             name = req.producer_name if req.HasField("producer_name") and req.producer_name else \
                 self._new_producer_name()
             user_provided = req.user_provided_producer_name if req.HasField("producer_name") else False
+
+            schema_version = await self._add_schema(
+                topic, schemas.schema_from_proto(req.schema) if req.HasField("schema") else None)
+            if placeholder.cancelled or self.state == "closed":
+                return
 
             def queued() -> None:       # WaitForExclusive: the client parks the request meanwhile
                 if not placeholder.cancelled and self.state != "closed":
@@ -549,11 +612,13 @@ class ServerCnx(asyncio.Protocol):
             topic.remove_producer(producer)
             return
         self.producers[pid] = producer
+        producer.schema_version = schema_version
         self._producer_success(req.request_id, producer.name, topic.last_sequence_id(producer.name),
-                               producer.topic_epoch)
+                               producer.topic_epoch, schema_version=schema_version)
 
     def _producer_success(self, request_id: int, name: str, last_sequence_id: int = -1,
-                          topic_epoch: int | None = None, *, ready: bool = True) -> None:
+                          topic_epoch: int | None = None, *, ready: bool = True,
+                          schema_version: int | None = None) -> None:
         r = _cmd(T.PRODUCER_SUCCESS)
         s = r.producer_success
         s.request_id = request_id
@@ -561,6 +626,8 @@ class ServerCnx(asyncio.Protocol):
         s.last_sequence_id = last_sequence_id
         if topic_epoch is not None:
             s.topic_epoch = topic_epoch
+        if schema_version is not None:
+            s.schema_version = schemas.version_bytes(schema_version)
         s.producer_ready = ready
         self.send_command(r)
 
@@ -625,6 +692,13 @@ class ServerCnx(asyncio.Protocol):
             topic = await self.service.get_topic(req.topic)
             if placeholder.cancelled or self.state == "closed":
                 return
+            if req.HasField("schema") and getattr(self.service, "schemas", None) is not None:
+                try:
+                    await self.service.consumer_schema(topic, schemas.schema_from_proto(req.schema))
+                except schemas.SchemaError as e:
+                    raise _schema_refusal(e) from None
+                if placeholder.cancelled or self.state == "closed":
+                    return
             consumer = await topic.subscribe(self, req)
         except BrokerServiceError as e:
             self._drop_placeholder(self.consumers, cid, placeholder)
@@ -764,7 +838,7 @@ class ServerCnx(asyncio.Protocol):
 
     async def _get_last_message_id(self, c: Consumer, request_id: int) -> None:
         try:
-            ledger, entry, batch_index = await c.sub.topic.last_message_id()
+            ledger, entry, batch_index = await c.sub.topic.last_message_id(c.read_compacted)
         except Exception as e:  # noqa: BLE001
             self.send_error(request_id, pb.PersistenceError, f"Failed to read the last entry: {e}")
             return
@@ -807,6 +881,14 @@ class ServerCnx(asyncio.Protocol):
             s.msgRateExpired = 0.0
             s.msgBacklog = 0
         self.send_command(r)
+
+
+def _schema_refusal(e: "schemas.SchemaError") -> BrokerServiceError:
+    """Pulsar's codes: IncompatibleSchema for a refused or malformed schema; a storage failure is
+    ServiceNotReady (the client retries)."""
+    if e.kind == "storage":
+        return BrokerServiceError(str(e), pb.ServiceNotReady)
+    return BrokerServiceError(str(e), pb.IncompatibleSchema)
 
 
 def _server_error(name: str | None) -> int:

@@ -1,8 +1,9 @@
 """The broker's admin HTTP API on `http_port`: Pulsar's /admin/v2 and /lookup/v2 paths where they exist.
 
-Every broker answers every request. What only a topic's owner knows (stats, internal stats, unload)
-is forwarded to the owner and its answer relayed (Pulsar redirects with 307; forwarding serves
-every HTTP client the same way, including those that do not follow redirects for PUT/POST). A
+Every broker answers every request. What only a topic's owner knows (stats, internal stats, unload,
+and the schema paths, whose ownership Pulsar's SchemasResourceBase validates too) is forwarded to
+the owner and its answer relayed (Pulsar redirects with 307; forwarding serves every HTTP client
+the same way, including those that do not follow redirects for PUT/POST). A
 forwarded request carries `forwarded=true`; a broker that is not the owner of a forwarded request
 answers 503 (ownership is moving) instead of forwarding again. Bodies are JSON.
 
@@ -32,6 +33,9 @@ Routes ({t}/{ns}: tenant/namespace; {topic}: the local name; {bundle}: 0xLLLLLLL
                                                         state, lastEntryId), cursors (markDeletePosition,
                                                         individuallyDeletedMessages, cursorLedger)
     PUT  .../{topic}/unload                            close the topic on its owner (clients reconnect)
+    GET|PUT .../{topic}/compaction                     compaction status {"status", "lastError"}; start one
+                                                        (409 while one runs)
+    GET  .../{topic}/lastMessageId                     {"ledgerId", "entryId", "partitionIndex"[, "batchIndex"]}
     GET|POST|DELETE .../{topic}/deduplicationEnabled   topic-level deduplication override (body
                                                         true/false; also .../deduplication)
     GET  /admin/v2/namespaces/{t}                      namespaces of the tenant
@@ -46,6 +50,16 @@ Routes ({t}/{ns}: tenant/namespace; {topic}: the local name; {bundle}: 0xLLLLLLL
     GET|POST|DELETE /admin/v2/namespaces/{t}/{ns}/deduplication  true/false
     GET|POST|DELETE /admin/v2/namespaces/{t}/{ns}/persistence    {"bookkeeperEnsemble",
                                                         "bookkeeperWriteQuorum", "bookkeeperAckQuorum"}
+    GET|POST|DELETE /admin/v2/namespaces/{t}/{ns}/schemaCompatibilityStrategy   "FULL" ... (unset: "UNDEFINED")
+    GET|POST|DELETE /admin/v2/namespaces/{t}/{ns}/isAllowAutoUpdateSchema | schemaValidationEnforced  true/false
+    GET|POST|DELETE /admin/v2/namespaces/{t}/{ns}/compactionThreshold   bytes (integer body)
+    GET|POST|DELETE /admin/v2/schemas/{t}/{ns}/{topic}/schema   the latest schema (GetSchemaResponse; 404 none);
+                                                        POST {"type", "schema", "properties"} adds a version
+                                                        (409 incompatible, 422 not a schema); DELETE
+                                                        [?force=true] a deleted version (or everything)
+    GET  /admin/v2/schemas/{t}/{ns}/{topic}/schema/{version} | /schemas   one version; every live version
+    POST /admin/v2/schemas/{t}/{ns}/{topic}/compatibility | /version      {"isCompatibility", "schemaCompatibilityStrategy"};
+                                                        {"version"} of an existing schema (-1: none)
         GET of a single policy answers the namespace's own setting (null when unset: the broker
         default applies); .../policies answers the effective values. DELETE removes the setting.
 
@@ -63,6 +77,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from clusters.broker import partitions as parts
+from clusters.broker.selectors import partition_index as parts_index
 from clusters.broker.managed_ledger import (ML_ROOT, Position, _pos_from, _ranges_from, is_system_cursor,
                                             ml_name, ml_path)
 from clusters.broker.ownership import BROKERS_PATH, NAMESPACE_ROOT
@@ -89,8 +104,20 @@ _TOPIC_ACTIONS = {
     "unload": ("PUT",),
     "deduplicationEnabled": ("GET", "POST", "DELETE"),
     "deduplication": ("GET", "POST", "DELETE"),
+    "compaction": ("GET", "PUT"),
+    "lastMessageId": ("GET",),
 }
-_NS_POLICY_ACTIONS = ("retention", "messageTTL", "deduplication", "persistence")
+_NS_POLICY_ACTIONS = ("retention", "messageTTL", "deduplication", "persistence", "schemaCompatibilityStrategy",
+                      "isAllowAutoUpdateSchema", "schemaValidationEnforced", "compactionThreshold")
+_NS_POLICY_KEYS = {"retention": "retention_policies", "messageTTL": "message_ttl_in_seconds",
+                   "deduplication": "deduplicationEnabled", "persistence": "persistence",
+                   "schemaCompatibilityStrategy": "schema_compatibility_strategy",
+                   "isAllowAutoUpdateSchema": "is_allow_auto_update_schema",
+                   "schemaValidationEnforced": "schema_validation_enforced",
+                   "compactionThreshold": "compaction_threshold"}
+# what GET answers for a policy the namespace does not set (Pulsar's Policies defaults)
+_NS_POLICY_UNSET = {"schemaCompatibilityStrategy": "UNDEFINED", "isAllowAutoUpdateSchema": True,
+                    "schemaValidationEnforced": False}
 
 
 class MethodNotAllowed(HttpError):
@@ -169,6 +196,8 @@ class AdminHttpServer(HttpServer):
             return Response(200, self.service.load_manager.load_report())
         elif s[:3] == ["admin", "v2", "namespaces"] and len(s) >= 4:
             return await self._namespaces(req, s[3:])
+        elif s[:3] == ["admin", "v2", "schemas"] and len(s) >= 7:
+            return await self._schemas(req, s[3:])
         elif s[:2] == ["admin", "v2"] and len(s) >= 5 and s[2] in ("persistent", "non-persistent"):
             return await self._topics(req, s[2], s[3:])
         raise HttpError(404, f"no such resource: {req.path[:200]}")
@@ -277,9 +306,94 @@ class AdminHttpServer(HttpServer):
             return Response(200, await self.topic_stats(topic))
         if action == "internalStats":
             return Response(200, await self.internal_stats(topic))
+        if action == "compaction":
+            t = await self._loaded(topic)
+            if method == "GET":
+                return Response(200, t.compaction.status_json())
+            if not t.compaction.trigger():
+                raise HttpError(409, "Compaction already in progress")
+            return Response(204, b"")
+        if action == "lastMessageId":
+            t = await self._loaded(topic)
+            ledger, entry, batch_index = await t.last_message_id()
+            out = {"ledgerId": ledger, "entryId": entry, "partitionIndex": parts_index(topic)}
+            if batch_index >= 0:
+                out["batchIndex"] = batch_index
+            return Response(200, out)
         # unload
         await self.service.unload_topic(topic)
         return Response(204, b"")
+
+    # -- /admin/v2/schemas/{t}/{ns}/{topic}/... (Pulsar's SchemasResource) -------------------
+    async def _schemas(self, req: Request, rest: list[str]) -> Response:
+        """The schema registry, answered by the topic's owner: Pulsar's SchemasResourceBase checks
+        validateTopicOwnershipAsync before every operation (get, versions, delete, post,
+        compatibility, version), so a broker that does not own the topic sends the request on,
+        as the other topic paths here do (forwarded, not redirected: see the module docstring)."""
+        from clusters.broker import schema as sch
+        tenant = _check_name("tenant", rest[0])
+        ns = _check_name("namespace", rest[1])
+        if not rest[2]:
+            raise HttpError(400, "empty topic name")
+        topic = f"persistent://{tenant}/{ns}/{rest[2]}"
+        sid = sch.schema_id(topic)
+        if rest[3:4] in (["schema"], ["schemas"], ["compatibility"], ["version"]):
+            forwarded = await self._forward_to_owner(req, topic)
+            if forwarded is not None:
+                return forwarded
+        registry = self.service.schemas
+        what = rest[3:]
+        if what == ["schema"]:
+            method = _allow(req, "/schema", "GET", "POST", "DELETE")
+            if method == "GET":
+                stored = await _zk_long(registry.get(sid))
+                if stored is None:
+                    raise HttpError(404, f"Schema not found for topic {topic}")
+                return Response(200, sch.schema_response_json(stored))
+            if method == "DELETE":
+                version = await _zk_long(registry.delete(sid, force=req.flag("force")))
+                return Response(200, {"version": version if version is not None else -1})
+            schema = _schema_payload(req.json())
+            pol = await _zk(self.service.namespace_policies(topic))
+            try:
+                version = await _zk_long(registry.put_if_absent(sid, schema, pol.schema_compatibility_strategy))
+            except sch.IncompatibleSchema as e:
+                raise HttpError(409, str(e)) from None
+            except sch.InvalidSchemaData as e:
+                raise HttpError(422, str(e)) from None
+            return Response(200, {"version": {"version": version}})
+        if len(what) == 2 and what[0] == "schema":
+            _allow(req, "/schema/{version}", "GET")
+            try:
+                v = int(what[1])
+            except ValueError:
+                raise HttpError(400, f"invalid schema version {what[1][:30]!r}: a long integer") from None
+            stored = await _zk_long(registry.get(sid, v))
+            if stored is None:
+                raise HttpError(404, f"Schema version {v} not found for topic {topic}")
+            return Response(200, sch.schema_response_json(stored))
+        if what == ["schemas"]:
+            _allow(req, "/schemas", "GET")
+            live = sch.since_last_delete(await _zk_long(registry.get_all(sid)))
+            return Response(200, {"getSchemaResponses": [sch.schema_response_json(s) for s in live]})
+        if what in (["compatibility"], ["version"]):
+            _allow(req, f"/{what[0]}", "POST")
+            schema = _schema_payload(req.json())
+            if what == ["version"]:
+                v = await _zk_long(registry.find_version(sid, schema))
+                return Response(200, {"version": v if v is not None else -1})
+            pol = await _zk(self.service.namespace_policies(topic))
+            strategy = pol.schema_compatibility_strategy
+            try:
+                await _zk_long(registry.check_compatible(sid, schema, strategy))
+                ok = True
+            except sch.InvalidSchemaData as e:
+                raise HttpError(422, str(e)) from None
+            except sch.IncompatibleSchema:
+                ok = False
+            return Response(200, {"isCompatibility": ok, "schemaCompatibilityStrategy": strategy})
+        raise HttpError(404, f"no such schema resource: {req.path[:200]}; one of schema, schema/{{version}}, "
+                             "schemas, compatibility, version")
 
     async def _namespace_topics(self, namespace: str) -> list[str]:
         return await _zk(parts.topics_of_namespace(self.service.store, namespace))
@@ -527,10 +641,10 @@ class AdminHttpServer(HttpServer):
         return out
 
     async def _ns_policy(self, req: Request, method: str, namespace: str, what: str) -> Response:
-        key = {"retention": "retention_policies", "messageTTL": "message_ttl_in_seconds",
-               "deduplication": "deduplicationEnabled", "persistence": "persistence"}[what]
+        key = _NS_POLICY_KEYS[what]
         if method == "GET":
-            return Response(200, (await self._stored_policies(namespace)).get(key))
+            value = (await self._stored_policies(namespace)).get(key)
+            return Response(200, _NS_POLICY_UNSET.get(what) if value is None else value)
         value = None
         if method == "POST":
             value = _policy_body(what, req.json())
@@ -778,7 +892,12 @@ class AdminHttpServer(HttpServer):
                      "fenced": "Fenced", "closed": "Closed"}.get(ml.state, "unknown")
             source = "memory"
             current = ledgers[-1] if ledgers else None
-            extra = {"pendingAddEntriesCount": len(loaded._adds),
+            view = getattr(loaded, "compacted", None)
+            extra = {"compactedLedger": ({"ledgerId": view.ledger_id, "entries": len(view.entries),
+                                          "size": view.size(), "offloaded": False,
+                                          "horizon": _pos(view.horizon)} if view is not None else
+                                         {"ledgerId": -1, "entries": -1, "size": -1, "offloaded": False}),
+                     "pendingAddEntriesCount": len(loaded._adds),
                      "currentLedgerEntries": (lc.entry_id + 1 if lc is not None and current is not None
                                               and lc.ledger_id == current["ledgerId"] else 0),
                      "lastLedgerCreatedTimestamp": current["timestamp"] if current else 0}
@@ -830,6 +949,38 @@ _POLICY_FIELDS = {     # what -> (fields, required, accepted but not stored), fo
                     ("bookkeeperEnsemble", "bookkeeperWriteQuorum", "bookkeeperAckQuorum"),
                     ("managedLedgerMaxMarkDeleteRate",)),
 }
+
+
+async def _zk_long(coro: Any) -> Any:
+    """A registry call (ZooKeeper and BookKeeper): 503 when they cannot be reached in time."""
+    from clusters.broker.schema import SchemaError
+    try:
+        return await asyncio.wait_for(coro, FORWARD_TIMEOUT)
+    except SchemaError as e:
+        if e.kind == "storage":
+            raise HttpError(503, str(e)) from None
+        raise
+    except HttpError:
+        raise
+    except Exception as e:
+        raise HttpError(503, f"the schema storage is not reachable now: {type(e).__name__}: {e}") from None
+
+
+def _schema_payload(body: Any) -> Any:
+    """Pulsar's PostSchemaPayload {"type", "schema", "properties"} as SchemaData (400 when malformed)."""
+    from clusters.broker.schema import TYPE_VALUES, SchemaData
+    if not isinstance(body, dict):
+        raise HttpError(400, "the schema payload must be a JSON object {\"type\", \"schema\", \"properties\"}")
+    t = body.get("type")
+    if not isinstance(t, str) or t.upper() not in TYPE_VALUES:
+        raise HttpError(400, f"unknown schema type {json.dumps(t)[:40]}; one of {', '.join(sorted(TYPE_VALUES))}")
+    data = body.get("schema", "")
+    if not isinstance(data, str):
+        raise HttpError(400, "schema must be a string (the schema definition)")
+    props = body.get("properties") or {}
+    if not isinstance(props, dict) or not all(isinstance(v, str) for v in props.values()):
+        raise HttpError(400, "properties must be an object of strings")
+    return SchemaData(t.upper(), data.encode(), dict(props))
 
 
 def _policy_body(what: str, value: Any) -> Any:
@@ -941,6 +1092,7 @@ def _subscription_stats(t: Any, name: str, sub: Any, rate: Any) -> dict[str, Any
             "type": SUB_TYPE_NAMES.get(sub.sub_type, "?"),
             "unackedMessages": sum(c["unackedMessages"] for c in consumers),
             "msgRateRedeliver": 0.0, "isDurable": sub.durable,
+            "msgDelayed": len(getattr(sub, "delayed", ())),
             "consumers": consumers, "msgOutCounter": sub_m, "bytesOutCounter": sub_b,
             "markDeletePosition": _pos(sub.mark_delete)}
 

@@ -659,6 +659,25 @@ class ManagedLedger:
                 total += info.size
         return total
 
+    def size_after(self, pos: Position | None) -> int:
+        """Bytes of the entries after `pos` (all of them for None), estimated as Pulsar's
+        estimateBacklogSize: whole ledgers after pos's, plus pos's ledger pro rata."""
+        if pos is None:
+            return self.total_size()
+        total = 0
+        for info in self.ledgers:
+            if info.ledger_id < pos.ledger_id:
+                continue
+            if info.entries is None and self._lh is not None and self._lh.ledger_id == info.ledger_id:
+                size = self._lh.confirmed_length
+            else:
+                size = info.size
+            n = self._entries_of(info)
+            if info.ledger_id == pos.ledger_id:
+                size = size * max(0, n - pos.entry_id - 1) // n if n else 0
+            total += size
+        return total
+
     def _entries_of(self, info: LedgerInfo) -> int:
         if info.entries is not None:
             return info.entries

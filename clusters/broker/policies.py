@@ -5,7 +5,9 @@ The JSON uses the field names of Pulsar's `Policies` class for the parts we impl
     {"retention_policies": {"retentionTimeInMinutes": 0, "retentionSizeInMB": 0},
      "message_ttl_in_seconds": null,
      "deduplicationEnabled": null,
-     "persistence": {"bookkeeperEnsemble": 3, "bookkeeperWriteQuorum": 2, "bookkeeperAckQuorum": 2}}
+     "persistence": {"bookkeeperEnsemble": 3, "bookkeeperWriteQuorum": 2, "bookkeeperAckQuorum": 2},
+     "schema_compatibility_strategy": "UNDEFINED", "is_allow_auto_update_schema": true,
+     "schema_validation_enforced": false, "compaction_threshold": null}
 
 A missing field (or a missing znode) means the broker's default from its `BrokerConfig`, as in
 Pulsar (`defaultRetentionTimeInMinutes`, `ttlDurationDefaultInSeconds`,
@@ -28,6 +30,9 @@ from clusters.metadata.store import BadVersion, NodeExists
 log = logging.getLogger(__name__)
 
 POLICIES_ROOT = "/admin/policies"
+# Pulsar's SchemaCompatibilityStrategy values (UNDEFINED in a namespace's policies: the broker's default)
+SCHEMA_STRATEGIES = ("ALWAYS_INCOMPATIBLE", "ALWAYS_COMPATIBLE", "BACKWARD", "FORWARD", "FULL",
+                     "BACKWARD_TRANSITIVE", "FORWARD_TRANSITIVE", "FULL_TRANSITIVE")
 
 
 def policies_path(namespace: str) -> str:
@@ -48,6 +53,10 @@ class NamespacePolicies:
     ensemble: int = 3
     write_quorum: int = 2
     ack_quorum: int = 2
+    schema_compatibility_strategy: str = "FULL"     # UNDEFINED in the JSON: the broker's default
+    is_allow_auto_update_schema: bool = True
+    schema_validation_enforced: bool = False
+    compaction_threshold: int = 0            # bytes of backlog that trigger a compaction; 0: never
 
     @classmethod
     def defaults(cls, cfg: BrokerConfig) -> "NamespacePolicies":
@@ -55,7 +64,9 @@ class NamespacePolicies:
                    retention_size_mb=cfg.default_retention_size_mb,
                    message_ttl_seconds=cfg.default_message_ttl_s,
                    deduplication=cfg.deduplication_enabled,
-                   ensemble=cfg.ensemble, write_quorum=cfg.write_quorum, ack_quorum=cfg.ack_quorum)
+                   ensemble=cfg.ensemble, write_quorum=cfg.write_quorum, ack_quorum=cfg.ack_quorum,
+                   schema_compatibility_strategy=getattr(cfg, "schema_compatibility_strategy", "FULL"),
+                   compaction_threshold=getattr(cfg, "compaction_threshold", 0))
 
     @classmethod
     def from_json(cls, raw: dict[str, Any], base: "NamespacePolicies") -> "NamespacePolicies":
@@ -86,6 +97,19 @@ class NamespacePolicies:
                 raise PolicyError(f"persistence needs bookkeeperEnsemble >= bookkeeperWriteQuorum >= "
                                   f"bookkeeperAckQuorum, got {e}/{w}/{a}")
             kw.update(ensemble=e, write_quorum=w, ack_quorum=a)
+        strategy = raw.get("schema_compatibility_strategy")
+        if strategy is not None and strategy != "UNDEFINED":
+            if strategy not in SCHEMA_STRATEGIES:
+                raise PolicyError(f"schema_compatibility_strategy must be one of UNDEFINED, "
+                                  f"{', '.join(SCHEMA_STRATEGIES)}; got {json.dumps(strategy)[:40]}")
+            kw["schema_compatibility_strategy"] = strategy
+        for key in ("is_allow_auto_update_schema", "schema_validation_enforced"):
+            if raw.get(key) is not None:
+                if not isinstance(raw[key], bool):
+                    raise PolicyError(f"{key} must be true or false")
+                kw[key] = raw[key]
+        if raw.get("compaction_threshold") is not None:
+            kw["compaction_threshold"] = _int(raw, "compaction_threshold", 0, 0)
         return cls(**{**base.__dict__, **kw})
 
     def to_json(self) -> dict[str, Any]:
@@ -95,7 +119,11 @@ class NamespacePolicies:
                 "deduplicationEnabled": self.deduplication,
                 "persistence": {"bookkeeperEnsemble": self.ensemble,
                                 "bookkeeperWriteQuorum": self.write_quorum,
-                                "bookkeeperAckQuorum": self.ack_quorum}}
+                                "bookkeeperAckQuorum": self.ack_quorum},
+                "schema_compatibility_strategy": self.schema_compatibility_strategy,
+                "is_allow_auto_update_schema": self.is_allow_auto_update_schema,
+                "schema_validation_enforced": self.schema_validation_enforced,
+                "compaction_threshold": self.compaction_threshold}
 
 
 def _int(d: dict[str, Any], key: str, default: int, minimum: int) -> int:

@@ -5,6 +5,12 @@
   bound. The first consumer owns [0, 65536]; each new one takes the lower half of the largest range
   (the first largest in slot order on a tie); a leaving consumer's range goes to the consumer above
   it, or, for the topmost range, to the consumer below.
+- `ConsistentHashSelector`: Key_Shared AUTO_SPLIT with Pulsar's default (subscriptionKeySharedUse
+  ConsistentHashing=true) ConsistentHashingStickyKeyConsumerSelector: each consumer puts 100 points
+  (subscriptionKeySharedConsistentHashingReplicaPoints) on a ring at the sticky-key hash of
+  `name NUL nameIndex NUL i` (nameIndex tells apart consumers of the same name); a key hash goes to
+  the first point at or after it, wrapping around; a point two consumers share keeps the first one
+  and passes to the next when it leaves.
 - `StickySelector`: Key_Shared STICKY with HashRangeExclusiveStickyKeyConsumerSelector: each consumer
   declares its ranges; overlapping declarations are refused; a hash nobody declared has no consumer.
 - `pick_active`: the active consumer of a Failover subscription, as
@@ -24,6 +30,55 @@ from clusters.broker.murmur3 import KEY_HASH_RANGE, pulsar_hash
 from clusters.protocol import topics
 
 CONSUMER_CONSISTENT_HASH_REPLICAS = 100
+
+
+class ConsistentHashSelector:
+    def __init__(self, points: int = CONSUMER_CONSISTENT_HASH_REPLICAS):
+        self.points = points
+        self._ring: dict[int, list[Any]] = {}       # point -> consumers (the first is selected)
+        self._keys: list[int] = []                  # sorted points
+        self._index: dict[Any, int] = {}            # consumer -> its name index
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def _points(self, c: Any, idx: int) -> list[int]:
+        from clusters.broker.murmur3 import sticky_key_hash
+        return [sticky_key_hash(f"{c.name}\0{idx}\0{i}".encode()) for i in range(self.points)]
+
+    def add(self, c: Any) -> None:
+        used = {i for o, i in self._index.items() if o.name == c.name}
+        idx = next(i for i in range(len(used) + 1) if i not in used)
+        self._index[c] = idx
+        for h in self._points(c, idx):
+            owners = self._ring.get(h)
+            if owners is None:
+                self._ring[h] = [c]
+                bisect.insort(self._keys, h)
+            elif c not in owners:
+                owners.append(c)
+
+    def remove(self, c: Any) -> None:
+        idx = self._index.pop(c, None)
+        if idx is None:
+            return
+        for h in self._points(c, idx):
+            owners = self._ring.get(h)
+            if owners is None:
+                continue
+            owners[:] = [o for o in owners if o is not c]
+            if not owners:
+                del self._ring[h]
+                i = bisect.bisect_left(self._keys, h)
+                if i < len(self._keys) and self._keys[i] == h:
+                    del self._keys[i]
+
+    def select(self, h: int) -> Any:
+        keys = self._keys
+        if not keys:
+            return None
+        i = bisect.bisect_left(keys, h)
+        return self._ring[keys[i if i < len(keys) else 0]][0]
 
 
 class ConsumerAssignError(Exception):

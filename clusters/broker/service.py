@@ -17,10 +17,12 @@ from clusters.broker import partitions as parts
 from clusters.broker.dedup import MessageDeduplication, ZkSnapshots
 from clusters.broker.http import serve_http
 from clusters.broker.policies import PolicyCache
+from clusters.broker import compaction
+from clusters.broker import schema as schemas
 from clusters.broker.managed_ledger import (ManagedLedger, ManagedLedgerError, ManagedLedgerFenced,
                                             ml_name)
 from clusters.broker.ownership import Bundle, LookupResult, Ownership, topic_namespace
-from clusters.broker.topic import ServiceUnitNotReady, Topic
+from clusters.broker.topic import NotAllowed, ServiceUnitNotReady, Topic
 from clusters.config import BrokerConfig
 from clusters.loadbalancer import manager as load_managers
 from clusters.loadbalancer.signals import IoCounters
@@ -43,6 +45,7 @@ class BrokerService:
         self.config = cfg
         self.store = MetadataStore(cfg.zk, session_timeout=cfg.zk_session_timeout, name=cfg.name)
         self.bk: Any = None
+        self.schemas: Any = None                 # the schema registry (clusters/broker/schema.py)
         self.io = IoCounters()                   # bytes in/out on client connections (connection.py)
         self.ownership = Ownership(self.store, cfg, on_lost=self._bundle_lost)
         self.ownership.reactivate_on_failure = bool(self.bug("broker.reactivate_on_release_failure"))
@@ -67,6 +70,8 @@ class BrokerService:
         await self.store.start()
         self.bk = await BookKeeper(self.store, add_timeout=self.config.add_timeout_s,
                                    name=self.config.name).start()
+        self.schemas = schemas.SchemaRegistry(self.store, self.bk, persistence=self._schema_persistence,
+                                              cas=not self.bug("broker.schema_no_cas"))
         # Listen before registering: a registered broker must be reachable.
         self.server = await serve_connections(self, self.config.host, self.config.port)
         self.http = await serve_http(self)          # the admin HTTP API (clusters/broker/http.py)
@@ -74,6 +79,7 @@ class BrokerService:
         await self.load_manager.start()
         register_metrics(self)
         self._rate_task = asyncio.get_running_loop().create_task(self._rates_loop())
+        self._compaction_task = asyncio.get_running_loop().create_task(self._compaction_monitor())
         log.info("broker %s serving %s", self.config.name, self.config.service_url)
         return self
 
@@ -83,6 +89,8 @@ class BrokerService:
             self.server.close()
         if self._rate_task is not None:
             self._rate_task.cancel()
+        if getattr(self, "_compaction_task", None) is not None:
+            self._compaction_task.cancel()
         if self.http is not None:
             await self.http.close()
         for name in list(self.topics):
@@ -137,6 +145,10 @@ class BrokerService:
 
     async def get_topic(self, topic: str) -> Topic:
         topic = normalize_topic(topic)
+        if topic.startswith("non-persistent://"):
+            # as a Pulsar broker with enableNonPersistentTopics=false: we have no non-persistent
+            # topics (in-memory, no storage), and serving one as persistent would differ silently
+            raise NotAllowed("Broker is not unable to load non-persistent topic")
         loaded = self.topics.get(topic)
         if loaded is not None and not loaded.closed:
             return loaded
@@ -166,6 +178,15 @@ class BrokerService:
         except Exception as e:  # ZooKeeper unreachable, etc.: the client retries
             raise ServiceUnitNotReady(f"Failed to load topic {topic}: {e}") from e
         t = Topic(topic, ml, self)
+        try:
+            t.compacted = await compaction.load_view(self.store, self.bk, ml_name(topic))
+        except Exception as e:
+            log.warning("%s: loading the compacted view: %s", topic, e)
+            try:
+                await ml.close()
+            except Exception:
+                pass
+            raise ServiceUnitNotReady(f"Failed to load topic {topic}: compacted ledger: {e}") from e
         t.dedup = MessageDeduplication(topic, ml, ZkSnapshots(self.store, ml_name(topic)),
                                        pushed_only=bool(bugs.value(self.config.bugs, "broker.dedup_pushed_only")))
         try:
@@ -182,6 +203,45 @@ class BrokerService:
         self.topics[topic] = t
         log.info("loaded topic %s", topic)
         return t
+
+    # -- schemas (Pulsar's AbstractTopic.addSchema, addSchemaIfIdleOrCheckCompatible) --------------
+    def _schema_persistence(self, sid: str) -> tuple[int, int, int]:
+        pol = self.policies.cached("/".join(sid.split("/")[:2]))
+        return pol.ensemble, pol.write_quorum, pol.ack_quorum
+
+    async def namespace_policies(self, topic: str) -> Any:
+        namespace, _ = topic_namespace(topic)
+        return await self.policies.get(namespace)
+
+    async def add_schema(self, topic: str, schema: "schemas.SchemaData | None") -> int | None:
+        """The version a producer with `schema` publishes under (None: no schema). A producer
+        without one is refused on a topic with a schema when the namespace enforces validation."""
+        sid = schemas.schema_id(topic)
+        pol = await self.namespace_policies(topic)
+        if schema is None:
+            if pol.schema_validation_enforced and await self.schemas.has_schema(sid):
+                raise schemas.IncompatibleSchema(
+                    "Producers cannot connect or send message without a schema to topics with a schema "
+                    "if SchemaValidationEnforced is enabled")
+            return None
+        return await self.schemas.put_if_absent(sid, schema, pol.schema_compatibility_strategy,
+                                                allow_auto_update=pol.is_allow_auto_update_schema)
+
+    async def consumer_schema(self, topic: Topic, schema: "schemas.SchemaData") -> None:
+        """A consumer's schema: stored as the first version if the topic is idle (no schema, no
+        producer, no consumer, nothing published since it was loaded), else checked against the
+        stored ones."""
+        sid = schemas.schema_id(topic.name)
+        has = await self.schemas.has_schema(sid)
+        busy = bool(topic.producers) or topic.msgs_in > 0 or any(s.consumers for s in topic.subscriptions.values())
+        if not has and not busy:
+            await self.add_schema(topic.name, schema)
+            return
+        if not has:
+            raise schemas.IncompatibleSchema("Failed to add schema to an active topic with empty(BYTES) "
+                                             f"schema: new schema type {schema.type}")
+        pol = await self.namespace_policies(topic.name)
+        await self.schemas.check_consumer_compatibility(sid, schema, pol.schema_compatibility_strategy)
 
     # -- deduplication policy ------------------------------------------------------------
     async def topic_policy(self, topic: str) -> dict[str, Any]:
@@ -243,6 +303,32 @@ class BrokerService:
             self._unloading.discard(bundle)
         return names
 
+    # -- compaction by threshold (brokerServiceCompactionMonitorIntervalInSeconds) ---------------
+    async def _compaction_monitor(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.compaction_monitor_interval_s)
+            try:
+                self.check_compaction()
+            except Exception:  # noqa: BLE001
+                log.warning("checking compaction thresholds", exc_info=True)
+
+    def check_compaction(self) -> list[str]:
+        """Start a compaction of every topic whose backlog after its compaction horizon exceeds its
+        namespace's compaction_threshold (bytes; 0: never). Returns the topics started."""
+        started = []
+        for name, t in list(self.topics.items()):
+            if t.closed or t.compaction.running:
+                continue
+            threshold = self.policies.cached(topic_namespace(name)[0]).compaction_threshold
+            if threshold <= 0:
+                continue
+            view = t.compacted
+            backlog = t.ml.size_after(view.horizon if view is not None else None)
+            if backlog > threshold and t.compaction.trigger():
+                log.info("%s: backlog %d bytes > compaction threshold %d: compacting", name, backlog, threshold)
+                started.append(name)
+        return started
+
     # -- rates ------------------------------------------------------------------------------
     async def _rates_loop(self) -> None:
         while True:
@@ -261,6 +347,8 @@ class BrokerService:
     def topic_fenced(self, topic: str) -> None:
         """Called by a Topic whose ledger was fenced: another broker owns it now."""
         t = self.topics.pop(topic, None)
+        if t is not None:
+            self._forget_schema(topic)
         # Someone else owns the bundle now, whatever our (possibly stale) ZooKeeper view says: stop
         # answering lookups for it with ourselves, and unload its other topics too. A topic of the
         # bundle left loaded (an idle one: nothing fenced it yet) would go on serving its clients
@@ -273,10 +361,17 @@ class BrokerService:
         if t is not None:
             log.warning("topic %s fenced by a new owner; unloaded (with the rest of bundle %s)", topic, bundle)
 
+    def _forget_schema(self, topic: str) -> None:
+        """Drop the registry's cached schemas of `topic` unless another loaded partition shares them."""
+        sid = schemas.schema_id(topic)
+        if self.schemas is not None and not any(schemas.schema_id(n) == sid for n in self.topics):
+            self.schemas.forget(sid)
+
     async def _unload_topic(self, topic: str) -> None:
         t = self.topics.pop(topic, None)
         if t is None:
             return
+        self._forget_schema(topic)
         try:
             await t.close("unloading")
         except Exception as e:

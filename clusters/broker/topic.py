@@ -17,10 +17,11 @@ import operator
 import time
 from typing import Any, Iterable
 
+from clusters import bugs
 from clusters.broker.dedup import DUP as DEDUP_DUP, ENABLED as DEDUP_ENABLED, NOT_DUP as DEDUP_NOT_DUP
 from clusters.broker.managed_ledger import EntryCache, ManagedLedgerError, ManagedLedgerFenced, Position
 from clusters.broker.murmur3 import sticky_key_hash
-from clusters.broker.selectors import (AutoSplitSelector, ConsumerAssignError, StickySelector,
+from clusters.broker.selectors import (AutoSplitSelector, ConsistentHashSelector, ConsumerAssignError, StickySelector,
                                        partition_index, pick_active)
 from clusters.protocol import frames
 from clusters.protocol import PulsarApi_pb2 as pb
@@ -105,14 +106,16 @@ def not_served(topic: str, why: str = "") -> ServiceUnitNotReady:
 
 class EntryInfo:
     """What dispatch needs to know about an entry, parsed once from its metadata."""
-    __slots__ = ("num_messages", "key", "publish_time", "is_batch", "_key_hash")
+    __slots__ = ("num_messages", "key", "publish_time", "is_batch", "_key_hash", "deliver_at")
 
-    def __init__(self, num_messages: int, key: bytes | None, publish_time: int, is_batch: bool):
+    def __init__(self, num_messages: int, key: bytes | None, publish_time: int, is_batch: bool,
+                 deliver_at: int = 0):
         self.num_messages = num_messages
         self.key = key
         self.publish_time = publish_time
         self.is_batch = is_batch
         self._key_hash: int | None = None
+        self.deliver_at = deliver_at        # MessageMetadata.deliver_at_time (ms), 0: none
 
     @property
     def key_hash(self) -> int:
@@ -133,7 +136,8 @@ class EntryInfo:
             key = md.partition_key.encode()
         else:
             key = None
-        return cls(max(n, 1), key, md.publish_time, batch)
+        return cls(max(n, 1), key, md.publish_time, batch,
+                   md.deliver_at_time if md.HasField("deliver_at_time") else 0)
 
     @classmethod
     def from_entry(cls, entry: bytes) -> "EntryInfo":
@@ -158,7 +162,7 @@ class _CachedEntry:
 class Producer:
     __slots__ = ("topic", "cnx", "producer_id", "name", "epoch", "access_mode", "user_provided_name",
                  "closed", "msgs_in", "bytes_in", "created", "topic_epoch", "connected_since",
-                 "duplicates")
+                 "duplicates", "schema_version")
 
     def __init__(self, topic: "Topic", cnx: Any, producer_id: int, name: str, epoch: int,
                  access_mode: int, user_provided_name: bool, topic_epoch: int | None = None):
@@ -176,6 +180,7 @@ class Producer:
         self.created = time.time()
         self.connected_since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self.topic_epoch = topic_epoch  # set for exclusive producers (CommandProducerSuccess.topic_epoch)
+        self.schema_version: int | None = None     # its schema's version (None: no schema)
 
     @property
     def access_mode_name(self) -> str:
@@ -209,7 +214,7 @@ class _PendingAdd:
 class Consumer:
     __slots__ = ("sub", "cnx", "consumer_id", "name", "priority", "permits", "pending", "join_seq",
                  "closed", "key_ranges", "msgs_out", "bytes_out", "redelivered", "connected_since",
-                 "sub_type", "key_hashes", "partition")
+                 "sub_type", "key_hashes", "partition", "read_compacted")
 
     _seq = itertools.count()
 
@@ -235,6 +240,7 @@ class Consumer:
         # the topic's partition index, -1 when not a `-partition-N` topic (Pulsar's Consumer.partitionIdx):
         # every MESSAGE's MessageIdData carries it, so the client's message ids name their partition
         self.partition = partition_index(sub.topic.name)
+        self.read_compacted = False
 
     @property
     def available(self) -> bool:
@@ -412,9 +418,21 @@ class SingleActiveDispatcher(Dispatcher):
         if failover and new is not None:
             for c in cs:
                 c.cnx.send_active_consumer_change(c.consumer_id, c is new)
+            cfg = getattr(sub.topic.service, "config", None)
+            delay = float(getattr(cfg, "active_consumer_failover_delay_s", 1.0))
+            if old is not None and delay > 0:
+                # activeConsumerFailoverDelayTimeMillis: the previous active consumer may still be
+                # acknowledging what it had; the new one is served after the delay
+                loop = asyncio.get_running_loop()
+                self._hold_until = loop.time() + delay
+                loop.call_later(delay, sub.wake)
+
+    _hold_until = 0.0
 
     def permits(self) -> int:
         a = self.active
+        if self._hold_until and asyncio.get_running_loop().time() < self._hold_until:
+            return 0
         return a.permits if a is not None and a.available else 0
 
     def dispatch(self, entries, replay) -> int:
@@ -473,7 +491,9 @@ class SharedDispatcher(Dispatcher):
 class KeySharedDispatcher(Dispatcher):
     """Key_Shared: an entry goes to the consumer owning the hash of its sticky key (ordering key,
     else partition key, else "NONE_KEY"): Murmur3 modulo 65536 (murmur3.sticky_key_hash), looked up in
-    AUTO_SPLIT ranges (selectors.AutoSplitSelector) or in the ranges STICKY consumers declared
+    AUTO_SPLIT mode (selectors.ConsistentHashSelector, Pulsar's default consistent-hashing selector;
+    selectors.AutoSplitSelector, HashRangeAutoSplitStickyKeyConsumerSelector, when the broker's
+    `key_shared_use_consistent_hashing` is off) or in the ranges STICKY consumers declared
     (selectors.StickySelector). The first consumer fixes the mode; another mode is refused.
 
     Order per key, as Pulsar 4's draining hashes (PIP-379): an entry is not given to its consumer
@@ -491,7 +511,7 @@ class KeySharedDispatcher(Dispatcher):
         super().__init__(sub)
         self.mode = pb.AUTO_SPLIT
         self.out_of_order = False
-        self.selector: AutoSplitSelector | StickySelector = AutoSplitSelector()
+        self.selector: Any = self._auto_selector()
         self.hashes: dict[Position, int] = {}         # key hash of outstanding entries read so far
         self.replay_hashes: collections.Counter[int] = collections.Counter()   # of those waiting
         self.replay_known = 0       # entries waiting whose hash is known (others: restored, not read yet)
@@ -502,7 +522,7 @@ class KeySharedDispatcher(Dispatcher):
         ooo = bool(ksm.allowOutOfOrderDelivery) if ksm is not None else False
         if not self.sub.consumers:
             self.mode, self.out_of_order = mode, ooo
-            self.selector = StickySelector() if mode == pb.STICKY else AutoSplitSelector()
+            self.selector = StickySelector() if mode == pb.STICKY else self._auto_selector()
         elif mode != self.mode:
             raise ConsumerBusy(
                 "Subscription is of different type. Active subscription key_shared mode of "
@@ -522,6 +542,12 @@ class KeySharedDispatcher(Dispatcher):
         except ConsumerAssignError as e:
             raise ConsumerAssignFailed(str(e)) from None
         c.key_hashes = collections.Counter()
+
+    def _auto_selector(self) -> Any:
+        cfg = getattr(self.sub.topic.service, "config", None)
+        if getattr(cfg, "key_shared_use_consistent_hashing", True):
+            return ConsistentHashSelector(int(getattr(cfg, "key_shared_consistent_hashing_points", 100)))
+        return AutoSplitSelector()
 
     def removed(self, c: Consumer) -> None:
         self.selector.remove(c)
@@ -652,6 +678,16 @@ class Subscription:
         self._replay_heap: list[tuple[int, int]] = []
         self.redeliveries: dict[Position, int] = {}
         self.batch_acks: dict[Position, list[int]] = {}   # partly acknowledged batches: their ack_set
+        # delayed delivery (Shared/Key_Shared): entries read whose deliver_at_time is still ahead,
+        # position -> that time (ms); they stay outstanding (None), so the cursor keeps them
+        self.delayed: dict[Position, int] = {}
+        self._delayed_heap: list[tuple[int, int, int]] = []
+        self._delay_timer: asyncio.TimerHandle | None = None
+        self._delay_timer_at = 0
+        svc_cfg = getattr(topic.service, "config", None)
+        self._delayed_enabled = bool(getattr(svc_cfg, "delayed_delivery_enabled", True))
+        self._delayed_in_memory = bool(bugs.value(getattr(svc_cfg, "bugs", None) or {},
+                                                  "broker.delayed_index_in_memory"))
         self.dispatcher: Dispatcher = DISPATCHERS[sub_type](self)
         self.epoch = 0                  # bumped whenever positions change under an in-flight read
         self.closed = False
@@ -687,6 +723,7 @@ class Subscription:
             ranges = [(r.start, r.end) for r in cmd.keySharedMeta.hashRanges]
         c = Consumer(self, cnx, cmd.consumer_id, cmd.consumer_name or f"consumer-{cmd.consumer_id}",
                      cmd.priority_level, sub_type, ranges)
+        c.read_compacted = bool(cmd.read_compacted)
         self.dispatcher.add(c, cmd)            # may refuse it (Key_Shared mode or ranges)
         self.consumers.append(c)
         self.dispatcher.consumers_changed(c)
@@ -810,6 +847,8 @@ class Subscription:
                 continue
             if holder is None:
                 self._replay_discard(pos)
+                if self.delayed:
+                    self.delayed.pop(pos, None)
             else:
                 self._unpend(holder, pos)
             d.forget(pos)
@@ -870,6 +909,8 @@ class Subscription:
             holder = self.outstanding.pop(p, _MISSING)
             if holder is None:
                 self._replay_discard(p)
+                if self.delayed:
+                    self.delayed.pop(p, None)
             elif holder is not _MISSING:
                 self._unpend(holder, p)
             d.forget(p)
@@ -1021,6 +1062,8 @@ class Subscription:
             self._replay_heap.clear()
             self.redeliveries.clear()
             self.batch_acks.clear()
+            self.delayed.clear()
+            self._delayed_heap.clear()
             self.dispatcher.cleared()
             await self.cursor.reset(target)
             self.mark_delete = self.cursor.mark_delete_position
@@ -1036,6 +1079,9 @@ class Subscription:
 
     def _stop(self) -> None:
         self.closed = True
+        if self._delay_timer is not None:
+            self._delay_timer.cancel()
+            self._delay_timer = None
         self._task.cancel()
         self._wake.set()
 
@@ -1092,6 +1138,11 @@ class Subscription:
             if epoch != self.epoch or self.closed:
                 return True
             entries = [e for e in entries if e[0] in self.replay]
+            if entries and d.individual_ack and self._delayed_enabled:
+                before = len(entries)
+                entries = self._hold_delayed_replay(entries)
+                if not entries and before:
+                    return True             # all of them wait for their time now; go on
             if entries:
                 d.dispatch(entries, True)
                 sent = 0
@@ -1106,6 +1157,10 @@ class Subscription:
                 if not (d.looks_ahead and d.lookahead_ok() and len(self.replay) < d.lookahead_limit()
                         and d.permits() > 0):
                     return False
+        view = self.topic.compacted
+        if view is not None and self.reads_compacted() and (
+                self.read_position is None or self.read_position <= view.horizon):
+            return self._dispatch_compacted(view, max_entries)
         start = self.read_position if self.read_position is not None else self.ml.first_position()
         lc = self.ml.last_confirmed
         if start is None or lc is None or start > lc:
@@ -1124,6 +1179,11 @@ class Subscription:
             if not entries:
                 self.read_position = self.ml.next_position(md)
                 return True
+        if d.individual_ack and self._delayed_enabled:
+            now = time.time() * 1000.0
+            for _, _, info in entries:
+                if info.deliver_at > now:
+                    return self._dispatch_with_delayed(entries, now)
         n = d.dispatch(entries, False)
         if n == 0:
             return False
@@ -1133,6 +1193,126 @@ class Subscription:
         last = entries[n - 1][0]
         self.read_position = self.topic.successor(last)
         return True
+
+    # -- reading the compacted view (Pulsar's CompactedTopicImpl.asyncReadEntriesOrWait) ---------
+    def reads_compacted(self) -> bool:
+        a = self.dispatcher.active
+        return a is not None and a.read_compacted
+
+    def _dispatch_compacted(self, view: Any, max_entries: int) -> bool:
+        """The read position is at or before the compaction horizon: serve the compacted entries
+        from it on (with their original ids), then continue in the topic after the horizon."""
+        md = self.mark_delete
+        start = self.read_position
+        if md is not None and (start is None or start <= md):
+            # from the mark-delete's successor on (not from the view's first entry, or a read of
+            # max_entries all acknowledged would end the view and skip its later entries)
+            start = Position(md.ledger_id, md.entry_id + 1)
+        entries = [(p, e, EntryInfo.from_entry(e)) for p, e in view.from_position(start, max_entries)]
+        if md is not None:
+            entries = [x for x in entries if x[0] > md]
+        if not entries:
+            self.read_position = self.ml.next_position(view.horizon)
+            self.epoch += 1
+            return True
+        n = self.dispatcher.dispatch(entries, False)
+        if n == 0:
+            return False
+        for pos, _, _ in entries[:n]:
+            heapq.heappush(self._heap, (pos.ledger_id, pos.entry_id))
+        last = entries[n - 1][0]
+        self.read_position = self.ml.next_position(last)
+        return True
+
+    # -- delayed delivery (Pulsar's DelayedDeliveryTracker, on Shared and Key_Shared) -------------
+    def _dispatch_with_delayed(self, entries: list, now: float) -> bool:
+        """A log read holding entries whose deliver_at_time is ahead: those wait in the delayed
+        index (outstanding, so the cursor keeps them); the others are dispatched. Reading resumes
+        after the last entry dealt with."""
+        kept = [e for e in entries if e[2].deliver_at <= now]
+        n = self.dispatcher.dispatch(kept, False) if kept else 0
+        boundary = kept[n][0] if n < len(kept) else None      # the first entry not dealt with
+        heap = self._heap
+        for pos, _, _ in kept[:n]:
+            heapq.heappush(heap, (pos.ledger_id, pos.entry_id))
+        held = 0
+        for pos, _, info in entries:
+            if info.deliver_at <= now:
+                continue
+            if boundary is not None and pos > boundary:
+                break
+            self._delay(pos, info.deliver_at)
+            heapq.heappush(heap, (pos.ledger_id, pos.entry_id))
+            held += 1
+        if n == 0 and held == 0:
+            return False
+        self.read_position = boundary if boundary is not None else self.topic.successor(entries[-1][0])
+        if self._delayed_in_memory:
+            self._update_mark_delete()
+        return True
+
+    def _hold_delayed_replay(self, entries: list) -> list:
+        """Entries waiting for redelivery (after a restart, a consumer leaving) whose time has not
+        come go back to the delayed index; the rest are returned."""
+        now = time.time() * 1000.0
+        out = []
+        for e in entries:
+            at = e[2].deliver_at
+            if at > now:
+                self._replay_discard(e[0])
+                self._delay(e[0], at)
+            else:
+                out.append(e)
+        return out
+
+    def _delay(self, pos: Position, at: int) -> None:
+        self.delayed[pos] = at
+        heapq.heappush(self._delayed_heap, (at, pos.ledger_id, pos.entry_id))
+        if self._delayed_in_memory:
+            # the bug knob: to the cursor the message looks consumed; only this index remembers it
+            self.outstanding.pop(pos, None)
+        else:
+            self.outstanding[pos] = None
+        self._arm_delay_timer()
+
+    def _arm_delay_timer(self) -> None:
+        heap = self._delayed_heap
+        if not heap or self.closed:
+            return
+        at = heap[0][0]
+        if self._delay_timer is not None:
+            if self._delay_timer_at <= at:
+                return
+            self._delay_timer.cancel()
+        loop = asyncio.get_running_loop()
+        self._delay_timer_at = at
+        self._delay_timer = loop.call_later(max(0.0, (at - time.time() * 1000.0) / 1000.0) + 0.001,
+                                            self._delayed_due)
+
+    def _delayed_due(self) -> None:
+        """Entries whose time has come join the replay set (delivered before new reads)."""
+        self._delay_timer = None
+        now = time.time() * 1000.0
+        heap = self._delayed_heap
+        woke = False
+        while heap and heap[0][0] <= now:
+            at, l, e = heapq.heappop(heap)
+            pos = Position(l, e)
+            if self.delayed.get(pos) != at:
+                continue
+            del self.delayed[pos]
+            if self._delayed_in_memory:
+                if pos in self.outstanding:
+                    continue
+                self.outstanding[pos] = None
+                heapq.heappush(self._heap, (l, e))
+            elif self.outstanding.get(pos, _MISSING) is not None:
+                continue                 # acknowledged (or handed out) meanwhile
+            self._replay_add(pos)
+            woke = True
+        if woke:
+            self.wake()
+        self._arm_delay_timer()
 
     async def _read_replay(self, max_entries: int) -> list[tuple[Position, bytes, EntryInfo]]:
         positions: list[Position] = []
@@ -1164,7 +1344,17 @@ class Subscription:
                 heapq.heappush(heap, (p.ledger_id, p.entry_id))
         out: dict[Position, tuple[Position, bytes, EntryInfo]] = {}
         missing: list[Position] = []
+        view = self.topic.compacted if self.reads_compacted() else None
         for p in positions:
+            if view is not None and p <= view.horizon:
+                data = view.get(p)
+                if data is not None:
+                    out[p] = (p, data, EntryInfo.from_entry(data))
+                else:
+                    self._replay_discard(p)        # compacted away meanwhile
+                    self.outstanding.pop(p, None)
+                    d.forget(p)
+                continue
             hit = self.topic.cached(p)
             if hit is not None:
                 out[p] = (p, hit.entry, hit.info)
@@ -1233,6 +1423,10 @@ class Topic:
         self.exclusive_producer: str | None = None
         self._waiting_exclusive: collections.deque = collections.deque()
         self._publish_fenced = False        # a write failed: refuse publishes until the adds drain
+        # topic compaction (clusters/broker/compaction.py): the compacted view and the runs
+        from clusters.broker.compaction import Compactor
+        self.compacted: Any = None
+        self.compaction = Compactor(self)
 
     def __repr__(self) -> str:
         return f"Topic({self.name})"
@@ -1535,6 +1729,8 @@ class Topic:
     async def subscribe(self, cnx: Any, cmd: pb.CommandSubscribe) -> Consumer:
         if self._closing:
             raise not_served(self.name, "closing")
+        if cmd.read_compacted and cmd.subType not in (EXCLUSIVE, FAILOVER):
+            raise NotAllowed("readCompacted only allowed on failover or exclusive subscriptions")
         name = cmd.subscription
         async with self._sub_lock:
             sub = self.subscriptions.get(name)
@@ -1591,10 +1787,25 @@ class Topic:
             await self.ml.delete_cursor(sub.name)
 
     # -- queries -----------------------------------------------------------------
-    async def last_message_id(self) -> tuple[int, int, int]:
-        """(ledger, entry, batch_index) of the last entry; (-1, -1, -1) when the topic is empty."""
+    async def last_message_id(self, read_compacted: bool = False) -> tuple[int, int, int]:
+        """(ledger, entry, batch_index) of the last entry; (current ledger, -1, -1) when the topic is
+        empty (Pulsar's lastConfirmedEntry of a managed ledger with no entry). For
+        a compacted reader, when the whole topic is compacted, the compacted view's last entry (the
+        topic's last one may have been compacted away, a tombstone): Pulsar's getLastMessageId."""
         lc = self.ml.last_confirmed
+        view = self.compacted
+        if read_compacted and view is not None and lc is not None and lc <= view.horizon:
+            last = view.last()
+            if last is None:
+                return -1, -1, -1
+            info = EntryInfo.from_entry(view.get(last))
+            return last.ledger_id, last.entry_id, info.num_messages - 1 if info.is_batch else -1
         if lc is None:
+            # an empty topic: Pulsar answers its managed ledger's lastConfirmedEntry, (current ledger, -1)
+            ledgers = getattr(self.ml, "ledgers", None)
+            if ledgers:
+                last = ledgers[-1]
+                return (last.ledger_id if hasattr(last, "ledger_id") else last[0]), -1, -1
             return -1, -1, -1
         hit = self._cache.get(lc)
         if hit is not None:
@@ -1647,6 +1858,7 @@ class Topic:
     async def _close(self, reason: str, close_ledger: bool, url: str | None) -> None:
         self._closing = True
         log.info("%s: closing (%s)", self, reason)
+        await self.compaction.stop()        # a run must not outlive this owner
         if self._adds:
             self._adds_drained = asyncio.Event()
             try:

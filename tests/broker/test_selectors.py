@@ -116,3 +116,38 @@ def test_failover_active_consumer_is_deterministic():
     chosen = {pick_active([C(n) for n in names], f"persistent://public/default/t{i}").name
               for i in range(200)}
     assert chosen == set(names)
+
+
+def test_consistent_hashing_selector_ring():
+    """ConsistentHashingStickyKeyConsumerSelector: 100 points per consumer at the sticky-key hash of
+    name NUL index NUL i; a hash goes to the first point at or after it (wrapping); removing a
+    consumer gives its hashes to the others and leaves the rest where they were."""
+    from clusters.broker.murmur3 import sticky_key_hash
+    from clusters.broker.selectors import ConsistentHashSelector
+
+    class C:
+        def __init__(self, name):
+            self.name = name
+
+    a, b, c = C("a"), C("b"), C("c")
+    s = ConsistentHashSelector()
+    s.add(a)
+    assert {s.select(h) for h in range(0, 65536, 97)} == {a}
+    s.add(b)
+    s.add(c)
+    points: dict = {}
+    for x in (a, b, c):                 # a point two consumers share stays with the first
+        for i in range(100):
+            points.setdefault(sticky_key_hash(f"{x.name}\0{0}\0{i}".encode()), x)
+    ring = sorted(points)
+    for h in range(0, 65536, 331):
+        want = next((p for p in ring if p >= h), ring[0])
+        assert s.select(h) is points[want]
+    before = {h: s.select(h) for h in range(0, 65536, 331)}
+    s.remove(b)
+    for h, owner in before.items():
+        assert s.select(h) is (owner if owner is not b else s.select(h)) and s.select(h) is not b
+    same = C("a")                       # a second consumer named "a" gets name index 1
+    s.add(same)
+    assert len(s) == 3
+    assert any(s.select(h) is same for h in range(0, 65536, 7))

@@ -37,8 +37,10 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
-async def _topic(entries_per_ledger: int | None = None) -> tuple[Topic, MemoryManagedLedger]:
+async def _topic(entries_per_ledger: int | None = None, **config: object) -> tuple[Topic, MemoryManagedLedger]:
     svc = MemoryBrokerService(entries_per_ledger=entries_per_ledger)
+    for k, v in config.items():
+        setattr(svc.config, k, v)
     t = await svc.get_topic("persistent://public/default/t")
     return t, svc.mls["persistent://public/default/t"]
 
@@ -279,11 +281,40 @@ def test_shared_round_robin_in_batches_of_20_within_permits_and_priority():
     run(scenario())
 
 
+def test_failover_serves_a_new_active_consumer_after_the_failover_delay():
+    """activeConsumerFailoverDelayTimeMillis: when the active consumer changes from one to another,
+    the new one gets nothing until the delay has passed; the first one is served at once."""
+    async def scenario():
+        topic, _ = await _topic(active_consumer_failover_delay_s=0.5)
+        cnx = FakeCnx()
+        p = await topic.add_producer(cnx, 0, "p")
+        cmd = _subscribe_cmd("fo", 1, sub_type=2)
+        cmd.consumer_name = "a"
+        a = await topic.subscribe(cnx, cmd)
+        a.sub.flow(a, 100)
+        _send(topic, p, 0)
+        await _settle()
+        assert [m[0] for m in cnx.messages] == [1]
+        cmd2 = _subscribe_cmd("fo", 2, sub_type=2)
+        cmd2.consumer_name = "b"
+        b = await topic.subscribe(cnx, cmd2)
+        b.sub.flow(b, 100)
+        a.sub.remove_consumer(a)              # a leaves: b becomes active, after the delay
+        _send(topic, p, 1)
+        await _settle()
+        assert [m[0] for m in cnx.messages] == [1]
+        await asyncio.sleep(0.6)
+        await _settle()
+        assert [m[0] for m in cnx.messages][1:] and set(m[0] for m in cnx.messages[1:]) == {2}
+    run(scenario())
+
+
 def test_key_shared_routes_by_murmur3_auto_split_and_drains_moved_keys_in_order():
+    """(The auto-split selector: key_shared_use_consistent_hashing off.)"""
     from clusters.broker.murmur3 import sticky_key_hash
 
     async def scenario():
-        topic, _ = await _topic()
+        topic, _ = await _topic(key_shared_use_consistent_hashing=False)
         cnx = FakeCnx()
         p = await topic.add_producer(cnx, 0, "p")
         keys = [f"key-{i}" for i in range(12)]
@@ -369,6 +400,7 @@ def test_failover_picks_as_pulsar_and_notifies_every_consumer():
 
     async def scenario():
         svc = MemoryBrokerService()
+        svc.config.active_consumer_failover_delay_s = 0.0   # (the delay has its own test)
         name = "persistent://public/default/t-partition-1"
         topic = await svc.get_topic(name)
         cnx = FakeCnx()

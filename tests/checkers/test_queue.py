@@ -261,3 +261,59 @@ def test_each_type_serialises(kind):
     r = check(h.ops)
     assert kind in r.anomalies
     json.dumps(r.to_json())
+
+
+def _delayed(q: Q, p: int, value: int, due: int, got: int) -> Op:
+    """A dequeue of one delayed message, due at `due` and received at `got` (wall-clock ms)."""
+    q.add(Op(process=p, type="invoke", f="dequeue", key="q"))
+    m = {"value": value, "message_id": {"ledger_id": 7, "entry_id": q.acked_at.get(value, value),
+                                        "partition": -1, "batch_index": -1},
+         "redelivery_count": 0, "deliver_at": due, "received_ms": got}
+    return q.add(Op(process=p, type="ok", f="dequeue", key="q", value=[m]))
+
+
+def test_delayed_message_delivered_early_is_invalid_on_time_is_valid():
+    """`early`: a delayed message (deliver_at) received before its time; at or after it is fine."""
+    q = Q()
+    q.enqueue(0, 1)
+    q.enqueue(0, 2)
+    _delayed(q, 1, 1, due=5000, got=5000)
+    _delayed(q, 1, 2, due=5000, got=7000)
+    q.drain([], type="fail", error="empty")
+    r = check(q.ops)
+    assert r.valid is True and r.stats["delayed_deliveries"] == 2 and r.stats["early"] == 0
+    q2 = Q()
+    q2.enqueue(0, 1)
+    _delayed(q2, 1, 1, due=5000, got=4200)
+    q2.drain([], type="fail", error="empty")
+    r = check(q2.ops)
+    assert r.valid is False and r.anomalies["early"][0]["early_ms"] == 800, r.anomalies
+
+
+def test_delayed_message_never_delivered_is_lost():
+    q = Q()
+    q.enqueue(0, 1)
+    q.enqueue(0, 2)
+    _delayed(q, 1, 1, due=5000, got=6000)
+    q.drain([], type="fail", error="empty")
+    r = check(q.ops)
+    assert r.valid is False and [c["value"] for c in r.anomalies["lost"]] == [2]
+
+
+def test_early_is_informational_when_the_history_holds_clock_faults():
+    """The broker decides with its own wall clock, which the clock nemesis moves: an early delivery
+    under skew is Pulsar's behaviour too (docs/architecture.md, Clock skew)."""
+    q = Q()
+    q.add(Op(process=-1, type="invoke", f="start-clock", key="",
+             value={"node": "broker-1", "mode": "strobe", "offsets": [0.0, -42.5], "period_ms": 1000}))
+    q.add(Op(process=-1, type="ok", f="start-clock", key="", value={"node": "broker-1", "mode": "strobe"}))
+    q.enqueue(0, 1)
+    _delayed(q, 1, 1, due=5000, got=4200)
+    q.drain([], type="fail", error="empty")
+    r = check(q.ops)
+    assert r.valid is True, r.anomalies
+    assert r.anomalies["early"][0]["early_ms"] == 800
+    assert r.stats["clock_faults"] == 1 and r.stats["clock_skew_ms"] == 42500
+    assert "early" not in r.stats["invalid_types"]
+    # a run that asks for it explicitly still gets it judged
+    assert check(q.ops, {"invalid": ("lost", "early")}).valid is False

@@ -4,7 +4,8 @@ driven only through the official `pulsar-client` and the brokers' admin HTTP API
 One cluster per test session (2 brokers, 3 bookies, E/Qw/Qa 3/2/2), shared by every test here;
 each test uses its own topics (and its own namespace when it sets namespace policies), so tests
 do not see each other. A test that kills a node restarts it before it returns (`restarted`).
-Small ledgers (100 entries) so rollover, trimming and reads across ledgers happen in every test.
+Small ledgers (100 entries) so rollover, trimming and reads across ledgers happen in every test; the
+compaction monitor checks thresholds every 2 s (Pulsar: 60 s) so a threshold test is short.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import pytest
 from clusters.deploy.netns import NetnsCluster
 from tests.netns import netns_cluster, pulsar_client
 
-BROKER_SETTINGS = {"max_entries_per_ledger": 100}
+BROKER_SETTINGS = {"max_entries_per_ledger": 100, "compaction_monitor_interval_s": 2.0}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -179,23 +179,26 @@ def test_failover_active_consumer_is_chosen_as_pulsar_does_and_fails_over(client
 
 # ----------------------------------------------------------------------------- Key_Shared
 
-def auto_split_owner(n_consumers: int, h: int) -> int:
-    """Which of n consumers (in join order) owns hash slot h under HashRangeAutoSplitStickyKey-
-    ConsumerSelector: the first owns everything, each newcomer takes the lower half of the first
-    largest range. Enough for 3 consumers: [0,16384] -> 3rd, [16385,32768] -> 2nd, rest -> 1st."""
-    bounds = {1: [(65536, 0)], 2: [(32768, 1), (65536, 0)], 3: [(16384, 2), (32768, 1), (65536, 0)]}
-    for upper, owner in bounds[n_consumers]:
-        if h <= upper:
-            return owner
-    raise AssertionError(h)
+def ring_owner(names: list[str], h: int) -> int:
+    """Which of the consumers named `names` (in join order) owns hash slot h under Pulsar's default
+    ConsistentHashingStickyKeyConsumerSelector (100 points per consumer at the sticky-key hash of
+    name NUL 0 NUL i; a hash goes to the first point at or after it)."""
+    points: dict[int, int] = {}
+    for idx, name in enumerate(names):
+        for i in range(100):
+            points.setdefault(sticky_key_hash(f"{name}\0{0}\0{i}".encode()), idx)
+    ring = sorted(points)
+    return points[next((p for p in ring if p >= h), ring[0])]
 
 
 def test_key_shared_routes_each_key_to_its_hash_range_owner_in_order(client, topic):
     """Key_Shared: 'messages with the same key are delivered to only one consumer', in order
     (https://pulsar.apache.org/docs/concepts-messaging/#key_shared); the sticky key is the ordering
-    key, else the partition key, hashed with Murmur3_32 modulo 65536 and looked up in AUTO_SPLIT
-    ranges (HashRangeAutoSplitStickyKeyConsumerSelector, StickyKeyConsumerSelector.makeStickyKeyHash,
+    key, else the partition key, hashed with Murmur3_32 modulo 65536 and looked up on the consistent-
+    hash ring of Pulsar's default selector (ConsistentHashingStickyKeyConsumerSelector,
+    subscriptionKeySharedUseConsistentHashing=true; StickyKeyConsumerSelector.makeStickyKeyHash,
     Commands.peekStickyKey)."""
+    names = ["k0", "k1", "k2"]
     consumers = [client.subscribe(topic, "ks", consumer_type=KEY_SHARED, consumer_name=f"k{i}")
                  for i in range(3)]
     producer = client.create_producer(topic)
@@ -205,8 +208,8 @@ def test_key_shared_routes_each_key_to_its_hash_range_owner_in_order(client, top
             producer.send_async(f"{k}:{r}".encode(), None, partition_key=k)
     # the ordering key wins over the partition key
     pairs = [(f"ok-{i}", f"pk-{j}") for i in range(40) for j in range(40)]
-    split = next((o, p) for o, p in pairs if auto_split_owner(3, sticky_key_hash(o.encode()))
-                 != auto_split_owner(3, sticky_key_hash(p.encode())))
+    split = next((o, p) for o, p in pairs if ring_owner(names, sticky_key_hash(o.encode()))
+                 != ring_owner(names, sticky_key_hash(p.encode())))
     producer.send_async(b"ordering", None, partition_key=split[1], ordering_key=split[0])
     producer.flush()
     seen: dict[str, list[int]] = {}
@@ -219,7 +222,7 @@ def test_key_shared_routes_each_key_to_its_hash_range_owner_in_order(client, top
                 total += 1
                 v = m.data().decode()
                 if v == "ordering":
-                    assert idx == auto_split_owner(3, sticky_key_hash(split[0].encode()))
+                    assert idx == ring_owner(names, sticky_key_hash(split[0].encode()))
                     continue
                 k, r = v.split(":")
                 seen.setdefault(k, []).append(int(r))
@@ -227,7 +230,7 @@ def test_key_shared_routes_each_key_to_its_hash_range_owner_in_order(client, top
                 c.acknowledge(m)
     assert total == 151
     for k in keys:
-        assert where[k] == {auto_split_owner(3, sticky_key_hash(k.encode()))}, k
+        assert where[k] == {ring_owner(names, sticky_key_hash(k.encode()))}, k
         assert seen[k] == list(range(5)), k
     assert len({next(iter(w)) for w in where.values()}) == 3     # all three consumers got keys
 
@@ -237,14 +240,14 @@ def test_key_shared_new_consumer_gets_a_moved_key_only_after_earlier_messages_ar
     delivered to it while the previous owner still holds unacknowledged messages of that key
     (https://pulsar.apache.org/docs/concepts-messaging/#preserving-order-of-processing, Pulsar 4's
     draining hashes, PIP-379); keys that stay put keep flowing."""
-    moved = next(f"m-{i}" for i in range(100) if sticky_key_hash(f"m-{i}".encode()) <= 32768)
-    stays = next(f"s-{i}" for i in range(100) if sticky_key_hash(f"s-{i}".encode()) > 32768)
+    moved = next(f"m-{i}" for i in range(100) if ring_owner(["a", "b"], sticky_key_hash(f"m-{i}".encode())) == 1)
+    stays = next(f"s-{i}" for i in range(100) if ring_owner(["a", "b"], sticky_key_hash(f"s-{i}".encode())) == 0)
     a = client.subscribe(topic, "ks", consumer_type=KEY_SHARED, consumer_name="a")
     producer = client.create_producer(topic)
     for v, k in ((f"{moved}:0", moved), (f"{moved}:1", moved), (f"{stays}:0", stays)):
         producer.send(v.encode(), partition_key=k)
     held = {m.data().decode(): m for m in receive_n(a, 3)}
-    b = client.subscribe(topic, "ks", consumer_type=KEY_SHARED, consumer_name="b")   # takes [0, 32768]
+    b = client.subscribe(topic, "ks", consumer_type=KEY_SHARED, consumer_name="b")   # takes `moved`
     producer.send(f"{moved}:2".encode(), partition_key=moved)
     producer.send(f"{stays}:1".encode(), partition_key=stays)
     assert values(receive_n(a, 1)) == [f"{stays}:1"]
@@ -270,17 +273,17 @@ def test_key_shared_out_of_order_delivery_skips_the_wait(client, topic):
     setAllowOutOfOrderDelivery). Messages without a key share the key "NONE_KEY"
     (Commands.peekStickyKey) and so one consumer."""
     policy = pulsar.ConsumerKeySharedPolicy(allow_out_of_order_delivery=True)
-    moved = next(f"m-{i}" for i in range(100) if sticky_key_hash(f"m-{i}".encode()) <= 32768)
-    a = client.subscribe(topic, "ooo", consumer_type=KEY_SHARED, key_shared_policy=policy)
+    moved = next(f"m-{i}" for i in range(100) if ring_owner(["a", "b"], sticky_key_hash(f"m-{i}".encode())) == 1)
+    a = client.subscribe(topic, "ooo", consumer_type=KEY_SHARED, key_shared_policy=policy, consumer_name="a")
     producer = client.create_producer(topic)
     producer.send(f"{moved}:0".encode(), partition_key=moved)
     assert values(receive_n(a, 1)) == [f"{moved}:0"]
-    b = client.subscribe(topic, "ooo", consumer_type=KEY_SHARED, key_shared_policy=policy)
+    b = client.subscribe(topic, "ooo", consumer_type=KEY_SHARED, key_shared_policy=policy, consumer_name="b")
     producer.send(f"{moved}:1".encode(), partition_key=moved)
     assert values(receive_n(b, 1)) == [f"{moved}:1"]          # a still holds moved:0
     for i in range(5):
         producer.send(f"nokey:{i}".encode())
-    owner = (a, b)[auto_split_owner(2, sticky_key_hash(b"NONE_KEY"))]
+    owner = (a, b)[ring_owner(["a", "b"], sticky_key_hash(b"NONE_KEY"))]
     other = a if owner is b else b
     assert values(receive_n(owner, 5)) == [f"nokey:{i}" for i in range(5)]
     assert nothing_more(other, 500)

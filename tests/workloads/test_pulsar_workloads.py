@@ -74,6 +74,21 @@ def test_subscriptions_checkers_follow_the_subscription_type():
         assert got["log"][1]["subscription_type"] == typ
 
 
+def test_delay_max_ms_must_end_before_the_final_drain():
+    """A delay past settle + the drain's idle time would report never-due messages as lost; a
+    negative one would divide by zero in the workload: both are one clear SpecError."""
+    def v(d, settle=10.0):
+        return Spec(workload="queue", options={"delay_max_ms": d}, settle=settle).validate(catalog=CATALOG)
+    v(0)
+    v(12_999)
+    v(20_000, settle=30.0)
+    for bad in (13_000, 60_000, -1):
+        with pytest.raises(SpecError, match="delay_max_ms must be a whole number from 0 to 12999"):
+            v(bad)
+    with pytest.raises(SpecError, match="delay_max_ms must be a whole number"):
+        v(1.5)
+
+
 def test_bad_choice_is_a_spec_error():
     with pytest.raises(SpecError) as e:
         Spec(workload="subscriptions", options={"subscription": "exclusive"}).validate(catalog=CATALOG)
