@@ -1,19 +1,18 @@
 """Scale-in and scale-out under the balance workload: how long the modular load manager takes to bring
 the cluster back to balanced after three of six brokers leave (6 -> 3) and after they join again
 (3 -> 6), per seed, as the `balance` checker measures it (checkers/balance.py: the time from the event
-until the live brokers' load-score spread is at most 0.10 and their topic spread under its target).
+until the live brokers' load scores are within 0.10 of their mean for good, the topic criterion off).
 
-    .venv/bin/python -m bench.lb_scale [--seeds 3] [--results DIR]
+    .venv/bin/python -m bench.lb_scale [--seeds 3] [--first-seed 1] [--results DIR]
+    .venv/bin/python -m bench.lb_scale --measure RUN_DIR...
 
 Each run is one `pulsar-chaos run` (its command line is printed): six brokers, a fault schedule with one
 `scale:3` (three brokers leave gracefully at 60 s and join again at 180 s), then 150 s more to converge.
 
-Three times per event: until the load-score spread (max - min of the live brokers' weighted max resource
-usage, what the shedders compare) is at most 0.10 (the balance checker run again on the history with its
-topic criterion off), on each broker's last report and on the mean of its reports over the last 15 s
-(`smooth_s`: one report is one second's bytes, noisy at a test's rates), and the checker's own, stricter
-"balanced" (the spread and the topic-count spread under its target, see checkers/balance.py), which
-ThresholdShedder does not aim at (it moves load, not topics). Instants are judged up to the last send. Load-balancer
+Three times per event (MEASURES below), each settled (from the streak that lasts until the next event
+begins, or the last send, and at least 15 s): each broker's reports averaged over 15 s (one report is
+one second's bytes, noisy at a test's rates); the leader's averaged scores that ThresholdShedder
+compares; max - min of one-second reports. Instants are judged up to the last send. Load-balancer
 timers and limits are shortened under Pulsar's names (SETTINGS below) and every run's test.toml keeps them.
 """
 from __future__ import annotations
