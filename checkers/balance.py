@@ -25,10 +25,10 @@ A pure function over a history holding the brokers' `lb-event` rows (`core/obser
   min. With `scores="leader"` the scores are the leader's averaged ones that ThresholdShedder compares
   (its `shedding` events), the instants its cycles, the live brokers those it judged, and the topic
   criterion is not applied. With `hold_s` the criterion must then hold at every instant for `hold_s`
-  seconds (judged up to the last send; the time is to the first of them). An event is judged until the
-  next one begins (a join with its stop's invocation: the brokers start and report before it completes).
-  With `settled` the time is to the start of the streak that lasts until the event's phase ends (the
-  next event's beginning, or the last send), if it lasted `hold_s`: the settling time. Otherwise "not balanced by the end".
+  seconds (judged up to the last send; the time is to the first of them). With `settled` the time is to
+  the start of the streak that lasts until the event's phase ends (the next scale event's beginning, its
+  op's invocation: brokers stop or start reporting before it completes; or the last send), if it lasted
+  `hold_s`: the settling time ("not balanced before the next event" otherwise). Otherwise "not balanced by the end".
 - Moves. `unload` events by reason (`shed:<Strategy>`, `split`), `split` and `split-decision` events,
   and the nemesis's admin `unload` and `split` ops (ok or info starts; their bundles from the value:
   `bundle`, `bundles` or `splits`). Admin unloads log no event; an admin split logs `split` and its
@@ -311,16 +311,21 @@ class _Balance:
             targets = self._broker_targets(p.value, getattr(p.start_op, "value", None))
             if not targets:
                 continue
-            # (at, the moment it began to happen, ...): a join is judged from the stop's completion (the
-            # brokers are back), but began with its invocation (they start and report before it completes)
-            events.append((p.started_ns, p.started_ns, f"{p.name} start", "leave", targets))
+            # (at, the moment it began to happen, ...): an event is judged from its op's completion (the
+            # brokers are gone, or back), but began with the op's invocation (a leaving broker stops
+            # reporting, a joining one reports, before the op completes)
+            events.append((p.started_ns, p.start_ns, f"{p.name} start", "leave", targets))
             if p.stop_ns is not None:
                 events.append((p.stop_ns, p.stop_began_ns or p.stop_ns, f"{p.name} stop", "join", targets))
         events.sort(key=lambda x: x[0])
-        # each event judged until the next one began (its phase: the brokers present then no longer
-        # reflect it)
-        events = [self._judge(what, kind, targets, at, events[i + 1][1] if i + 1 < len(events) else None)
-                  for i, (at, _, what, kind, targets) in enumerate(events)]
+        judged = []
+        for at, _, what, kind, targets in events:
+            # settled: judged until the first later event began (its phase: the brokers present then no
+            # longer reflect it); otherwise up to the last send, as always
+            later = [began for _, began, *_ in events if began > at]
+            until = min(later) if later and self.o.get("settled") else None
+            judged.append(self._judge(what, kind, targets, at, until))
+        events = judged
         for i, e in enumerate(events):
             nxt = events[i + 1]["at_s"] if i + 1 < len(events) else None
             e["next_event_s"] = nxt
@@ -370,12 +375,12 @@ class _Balance:
         return _Streak(float(self.o.get("hold_s") or 0.0) * 1e9, bool(self.o.get("settled")))
 
     def _judge_leader(self, e: dict[str, Any], kind: str, brokers: list[str], at: float,
-                      end: float) -> dict[str, Any]:
+                      end: float, cut: bool) -> dict[str, Any]:
         """_judge on the leader's averaged scores: the first shedding cycle at or after `at` (and before
         `end`) whose brokers reflect the event and whose scores are within the target."""
         cycles = [(t, sc) for t, sc in self.leader_scores if at <= t < end]
         e["judged"] = bool(cycles)
-        last = None
+        last = held = None
         streak = self._streak()
         for t, sc in cycles:
             if not _reflects(kind, brokers, sc):
@@ -384,25 +389,31 @@ class _Balance:
             sp = self.usage_spread(list(sc.values()))
             last = (t, sp, sc)
             held = streak.feed(t, sp <= float(self.o["target_spread"]) + 1e-12, (sp, sc))
-            if held or (t == cycles[-1][0] and (held := streak.settled_at(end))):
-                t0, (sp0, sc0) = held
-                e.update(balanced_after_s=round((t0 - at) / 1e9, 3), outcome="balanced", usage_spread=round(sp0, 4),
-                         live_brokers=sorted(sc0))
-                return e
-        e["outcome"] = "not balanced by the end" if cycles else "unknown: no shedding cycles of ThresholdShedder"
+            if held:
+                break
+        held = held or streak.settled_at(end)
+        if held:
+            t0, (sp0, sc0) = held
+            e.update(balanced_after_s=round((t0 - at) / 1e9, 3), outcome="balanced", usage_spread=round(sp0, 4),
+                     live_brokers=sorted(sc0))
+            return e
+        e["outcome"] = (("not balanced before the next event" if cut else "not balanced by the end") if cycles
+                        else "unknown: no shedding cycles of ThresholdShedder")
         if last is not None:
             e.update(last_usage_spread=round(last[1], 4), live_brokers=sorted(last[2]), last_judged_s=_s(last[0]))
         return e
 
     def _judge(self, what: str, kind: str, brokers: list[str], at: float, until: float | None) -> dict[str, Any]:
         """Sweep the instants from `at` on (the event, each report, each report going stale) with each
-        broker's last report so far, up to the last send and before `until` (the next event); the first
-        instant that reflects the event and is balanced."""
+        broker's last report so far, up to the last send and before `until` (the next event began; only
+        when settled); the first instant that reflects the event and is balanced (settled: the start of
+        the streak still going at the end)."""
         e: dict[str, Any] = {"event": what, "kind": kind, "brokers": brokers, "at_s": _s(at),
                              "balanced_after_s": None, "judged": bool(self.reports)}
         if self.o.get("scores") == "leader":
             end = self.t_clients if self.t_clients >= 0 else self.t_end
-            return self._judge_leader(e, kind, brokers, at, end + 1 if until is None else min(end + 1, until))
+            return self._judge_leader(e, kind, brokers, at, end + 1 if until is None else min(end + 1, until),
+                                      until is not None and until <= end + 1)
         if not self.reports:
             e["outcome"] = "unknown: no load-report rows"
             return e
@@ -411,15 +422,16 @@ class _Balance:
         # judged until the last client op: after it the brokers are torn down, and a cluster whose
         # brokers stop reporting one by one would look balanced once one is left
         end = self.t_clients if self.t_clients >= 0 else self.reports[-1][0]
-        if until is not None:
-            end = min(end, until - 1)
+        cut = until is not None and until - 1 < end
+        if cut:
+            end = until - 1
         instants = sorted(x for x in {at, *(t for t, _, _ in self.reports if t >= at), *stale} if x <= end)
         last_of: dict[str, tuple[int, dict[str, Any]]] = {}
         smooth = float(self.o.get("smooth_s") or 0.0) * 1e9
         recent: dict[str, deque[tuple[int, float]]] = {}
         reported_since: set[str] = set()
         i, n = 0, len(self.reports)
-        last = None
+        last = held = None
         streak = self._streak()
         for t in instants:
             while i < n and self.reports[i][0] <= t:
@@ -445,13 +457,16 @@ class _Balance:
             last = (t, sp, live)
             held = streak.feed(t, sp[0] <= float(self.o["target_spread"]) + 1e-12 and sp[1] <= sp[2] + 1e-9,
                                (sp, sorted(live)))
-            if held or (t == instants[-1] and (held := streak.settled_at(end))):
-                t0, (sp0, live0) = held
-                e.update(balanced_after_s=round((t0 - at) / 1e9, 3), outcome="balanced",
-                         usage_spread=round(sp0[0], 4), topic_spread=sp0[1], topic_target=round(sp0[2], 2),
-                         live_brokers=live0)
-                return e
-        e["outcome"] = "not balanced by the end"
+            if held:
+                break
+        held = held or streak.settled_at(end)
+        if held:
+            t0, (sp0, live0) = held
+            e.update(balanced_after_s=round((t0 - at) / 1e9, 3), outcome="balanced",
+                     usage_spread=round(sp0[0], 4), topic_spread=sp0[1], topic_target=round(sp0[2], 2),
+                     live_brokers=live0)
+            return e
+        e["outcome"] = "not balanced before the next event" if cut else "not balanced by the end"
         if last is not None:
             t, sp, live = last
             e.update(last_usage_spread=round(sp[0], 4), last_topic_spread=sp[1], topic_target=round(sp[2], 2),

@@ -387,36 +387,48 @@ def test_hold_s_needs_the_band_to_last_a_moment_of_balance_is_not_enough():
 
 
 def test_settled_is_the_streak_that_lasts_until_the_phase_ends():
-    """broker-3 leaves at 10 s and joins again at 50 s. After the leave the two brokers are even from 12
-    to 24 s (the load not yet arrived), apart until 30 s, even from 30 s to the join: hold_s=5 takes the
-    first streak, settled the one that lasts to the join. After the join they are even from 52 to 60 s,
-    apart from 60 s to the end: not settled."""
+    """broker-3 leaves at 10 s, joins again (invoked at 48 s, reporting from 49 s, done at 50.1 s) and
+    leaves again (invoked at 70 s, its reports stop, done at 76 s). After the leave the two brokers
+    are even from 12 to 24 s (the load not yet arrived), apart until 30 s, even from 30 to 60 s, apart
+    until 63 s, even from 63 s on. hold_s=5 takes each
+    first streak; settled the one that lasts until the next event's invocation."""
     h = H()
     h.nemesis(10.0, "start-scale", {"node": "broker-3"}, done=10.1)
-    h.nemesis(50.0, "stop-scale", {"node": "broker-3"}, done=50.1)
-    for s in range(1, 80):
+    h.nemesis(48.0, "stop-scale", {"node": "broker-3"}, done=50.1)
+    h.nemesis(70.0, "start-scale", {"node": "broker-3"}, done=76.0)
+    for s in range(1, 100):
         t = float(s)
-        even = 12 <= s < 24 or 30 <= s < 60
-        for b, u in (("broker-1", 0.4), ("broker-2", 0.4 if even or s < 10 else 0.1)):
+        even = s < 10 or 12 <= s < 24 or 30 <= s < 60 or s >= 63
+        for b, u in (("broker-1", 0.4), ("broker-2", 0.4 if even else 0.1)):
             h.report(t, b, u, 20)
-        if s < 10 or s >= 51:
+        if s < 10 or 49 <= s < 70:
             h.report(t, "broker-3", 0.4, 20)
         h.send(t + 0.5, T_LOW)
     opts = {"target_topic_spread": float("inf"), "hold_s": 5}
-    leave, join = check(h.ops, opts).stats["scale_events"]
+    leave, join, leave2 = check(h.ops, opts).stats["scale_events"]
     assert leave["balanced_after_s"] == pytest.approx(12.0 - 10.1)
-    assert join["balanced_after_s"] == pytest.approx(51.0 - 50.1)
+    assert join["balanced_after_s"] == pytest.approx(51.0 - 50.1)     # broker-3's first report since
     st = check(h.ops, {**opts, "settled": True}).stats
-    leave, join = st["scale_events"]
+    leave, join, leave2 = st["scale_events"]
     assert st["settled"] is True
+    # up to the join's invocation (48 s), not its completion: broker-3 reports from 49 s
     assert leave["balanced_after_s"] == pytest.approx(30.0 - 10.1) and leave["before_next_event"]
-    assert join["balanced_after_s"] is None and join["outcome"] == "not balanced by the end"
-    # the leader's averaged scores, the same way: even at 15 s, apart at 20 s, even from 25 s to the end
+    # up to the second leave's invocation (70 s): broker-3's last report (69 s) goes stale before 76 s
+    assert join["balanced_after_s"] == pytest.approx(63.0 - 50.1)
+    assert leave2["balanced_after_s"] == pytest.approx(0.0)
+    # the streak that reaches the phase's end must still last hold_s: 30 to 48 s is 18 s
+    leave, *_ = check(h.ops, {**opts, "hold_s": 20, "settled": True}).stats["scale_events"]
+    assert leave["balanced_after_s"] is None and leave["outcome"] == "not balanced before the next event"
+    # the leader's averaged scores, the same way: even at 15 s, apart at 20 s, even from 25 s until the
+    # join is invoked at 38 s; the cycle at 40 s sees broker-3 again
     leader = H()
     leader.nemesis(10.0, "start-scale", {"node": "broker-3"}, done=10.1)
+    leader.nemesis(38.0, "stop-scale", {"node": "broker-3"}, done=41.0)
     for t, u2 in ((15.0, 0.4), (20.0, 0.1), (25.0, 0.4), (30.0, 0.4), (35.0, 0.45)):
         _shedding(leader, t, {"broker-1": 0.4, "broker-2": u2})
         leader.send(t + 1, T_LOW)
+    _shedding(leader, 40.0, {"broker-1": 0.4, "broker-2": 0.4, "broker-3": 0.1})
+    leader.send(41.0, T_LOW)
     got = [check(leader.ops, {"scores": "leader", "settled": s}).stats["scale_events"][0]["balanced_after_s"]
            for s in (False, True)]
     assert got == [pytest.approx(4.9), pytest.approx(14.9)]
