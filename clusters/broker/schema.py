@@ -42,6 +42,7 @@ from typing import Any
 from clusters.broker import avro_compat
 from clusters.broker.partitions import base_name
 from clusters.broker.policies import SCHEMA_STRATEGIES
+from clusters.bookkeeper.errors import BKNoSuchEntryError, BKNoSuchLedgerError
 from clusters.metadata.store import BadVersion, NodeExists, NoNode
 
 log = logging.getLogger(__name__)
@@ -291,7 +292,12 @@ class SchemaRegistry:
         validate(schema)
         for _ in range(20):
             index, zversion = await self._locator(sid)
-            stored = [StoredSchema(int(i["version"]), await self._read(i, sid)) for i in index]
+            try:
+                stored = [StoredSchema(int(i["version"]), await self._read(i, sid)) for i in index]
+            except (BKNoSuchLedgerError, BKNoSuchEntryError):
+                if (await self._locator(sid))[1] == zversion:
+                    raise                   # the locator names a ledger that is gone: not a race
+                continue                    # a force delete removed them meanwhile: start again
             live = since_last_delete(stored)
             for s in live:
                 if s.schema.same_as(schema):

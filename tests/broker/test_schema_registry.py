@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from clusters.bookkeeper.errors import BKNoSuchLedgerError
 from clusters.broker import avro_compat
 from clusters.broker import schema as S
 
@@ -165,6 +166,9 @@ class _BK:
         return lh
 
     async def open_ledger(self, lid, recovery=True):
+        await asyncio.sleep(0)
+        if lid not in self.ledgers:
+            raise BKNoSuchLedgerError(f"ledger {lid} does not exist")
         return self.ledgers[lid]
 
     async def delete_ledger(self, lid):
@@ -233,3 +237,57 @@ def test_unloading_a_topic_forgets_its_cached_schemas_unless_a_partition_is_stil
     assert forgotten == ["t/n/y"]
     asyncio.run(BrokerService._unload_topic(svc, "persistent://t/n/x-partition-1"))
     assert forgotten == ["t/n/y", "t/n/x"]
+
+
+def test_a_writer_meeting_a_force_delete_starts_again_and_a_missing_ledger_is_an_error():
+    """Without a lock a writer can read the locator just before a force delete removes it and its
+    ledgers: the writer's read of a ledger then fails, the locator has changed, and it starts again
+    (the topic has no schema any more: the new one is version 0). A locator whose ledger is gone with
+    no change to the locator is a real error, not retried."""
+    class _Racing(_BK):
+        """The force delete runs while the writer opens the first version's ledger."""
+        raced = False
+
+        async def open_ledger(self, lid, recovery=True):
+            if not self.raced:
+                self.raced = True
+                await reg.delete("t/n/a", force=True)
+            return await super().open_ledger(lid, recovery)
+
+    store, bk = _Store(), _Racing()
+    reg = S.SchemaRegistry(store, bk)
+
+    async def main():
+        bk.raced = True
+        await reg.put_if_absent("t/n/a", sd(rec(INT_X)), "FULL")
+        reg.forget("t/n/a")                                     # the writer reads the ledger from BookKeeper
+        bk.raced = False
+        assert await reg.put_if_absent("t/n/a", sd(rec(STR_X)), "FULL") == 0
+        assert bk.raced and [s.version for s in await reg.get_all("t/n/a")] == [0]
+        reg.forget("t/n/a")
+        bk.ledgers.clear()
+        with pytest.raises(BKNoSuchLedgerError):
+            await reg.put_if_absent("t/n/a", sd(rec(LONG_X)), "ALWAYS_COMPATIBLE")
+    asyncio.run(main())
+
+
+def test_a_force_delete_that_meets_a_new_version_deletes_that_one_too():
+    class _Racing(_Store):
+        """A writer adds a version between the delete's read of the locator and its delete."""
+        raced = False
+
+        async def delete(self, path, version=-1):
+            if not self.raced:
+                self.raced = True
+                await reg.put_if_absent("t/n/a", sd(rec(INT_X, Y_DEFAULT)), "FULL")
+            await super().delete(path, version)
+
+    store, bk = _Racing(), _BK()
+    reg = S.SchemaRegistry(store, bk)
+
+    async def main():
+        await reg.put_if_absent("t/n/a", sd(rec(INT_X)), "FULL")
+        assert len(bk.ledgers) == 1
+        assert await reg.delete("t/n/a", force=True) is None
+        assert store.raced and store.nodes == {} and bk.ledgers == {}     # both versions' ledgers gone
+    asyncio.run(main())
