@@ -1,7 +1,7 @@
 """Scale-in and scale-out under the balance workload: how long the modular load manager takes to bring
 the cluster back to balanced after three of six brokers leave (6 -> 3) and after they join again
 (3 -> 6), per seed, as the `balance` checker measures it (checkers/balance.py: the time from the event
-until the live brokers' load scores are within 0.10 of their mean for good, the topic criterion off).
+until the live brokers' load is balanced for good, three ways (below), the topic criterion off).
 
     .venv/bin/python -m bench.lb_scale [--seeds 3] [--first-seed 1] [--results DIR]
     .venv/bin/python -m bench.lb_scale --measure RUN_DIR...
