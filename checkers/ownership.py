@@ -36,7 +36,13 @@ Anomalies (each names the bundle, the brokers, the times in seconds and the rows
   increasing (overlaps), does not start at 0x00000000 or end at 0xffffffff (gaps at the edges), or
   disagrees with its numBundles.
 - `shed-to-owner` (invalid): an `lb-event` unload whose reason starts with "shed" and whose destination is
-  its source (or the lock's holder at that time).
+  its source: the leader sent a bundle back to the broker it believed owned it (Pulsar skips those,
+  apache/pulsar#20822).
+- `shed-to-stale-owner` (informational): a shedding unload whose destination is not its source but is
+  the lock's holder at that time: the leader's load data still placed the bundle on its previous owner
+  (its reports lag an assignment by a report interval), so it picked the new owner as the destination.
+  Pulsar's doLoadShedding compares with the same data and does the same; the unload is wasted, nothing
+  is lost.
 - `unload-within-grace` (invalid): two shedding unloads of one bundle less than `grace_s` apart, decided
   by one leader process (the grace period is the leader's memory, as Pulsar's LoadData is: a new leader,
   or the same broker restarted, starts without it; events name the process by `broker` and
@@ -74,7 +80,7 @@ from core.observations import (BOUNDARIES, BROKER_REGISTRATION, BUNDLE_LOCK, CHA
 
 INVALID_BY_DEFAULT = ("double-owner", "ranges-not-partition", "shed-to-owner", "unload-within-grace",
                       "served-without-lock", "assigned-to-dead-broker")
-ANOMALY_TYPES = INVALID_BY_DEFAULT + ("served-after-session-loss", "owner-mismatch")
+ANOMALY_TYPES = INVALID_BY_DEFAULT + ("served-after-session-loss", "owner-mismatch", "shed-to-stale-owner")
 
 DEFAULTS: dict[str, Any] = {
     "invalid": INVALID_BY_DEFAULT,   # anomaly types that make `valid` False
@@ -100,7 +106,7 @@ def check(history: list[Op], opts: dict[str, Any] | None = None) -> CheckResult:
     cases = {k: Cases(o.get("max_anomalies")) for k in ANOMALY_TYPES}
     lock_lock_cases(c, cases["double-owner"])
     ranges_not_partition_cases(c, cases["ranges-not-partition"])
-    shed_to_owner_cases(c, cases["shed-to-owner"])
+    shed_to_owner_cases(c, cases["shed-to-owner"], cases["shed-to-stale-owner"])
     unload_within_grace_cases(c, cases["unload-within-grace"])
     serving_cases(c, cases["double-owner"], cases["served-without-lock"], cases["served-after-session-loss"])
     owner_mismatch_cases(c, cases["owner-mismatch"])
@@ -506,8 +512,9 @@ def _held_certainly_at(c: _OwnershipCheck, bundle: str, t: float) -> Segment | N
     return None
 
 
-def shed_to_owner_cases(c: _OwnershipCheck, cases: Cases) -> None:
-    """`shed-to-owner`: a shedding unload whose destination is its source, or the lock's holder then."""
+def shed_to_owner_cases(c: _OwnershipCheck, cases: Cases, stale: Cases) -> None:
+    """`shed-to-owner`: a shedding unload whose destination is its source; `shed-to-stale-owner`: one
+    whose destination is another broker that held the lock then (the leader's view was behind)."""
     for op, v in _unloads(c):
         if not str(v.get("reason") or "").startswith("shed") or not v.get("destination"):
             continue
@@ -515,7 +522,7 @@ def shed_to_owner_cases(c: _OwnershipCheck, cases: Cases) -> None:
         src = c.canon(v.get("source")) if v.get("source") else ""
         holder = _held_certainly_at(c, str(v.get("bundle") or op.key), op.time_ns)
         if dest == src or (holder is not None and holder.broker == dest):
-            cases.add(lambda op=op, v=v, dest=dest, src=src, holder=holder: {
+            (cases if dest == src else stale).add(lambda op=op, v=v, dest=dest, src=src, holder=holder: {
                 "bundle": v.get("bundle") or op.key, "source": src or None, "destination": dest,
                 "lock_holder": holder.json() if holder is not None else None, "reason": v.get("reason"),
                 "leader": c.canon(v.get("leader")) or None, "time_s": round(op.time_ns / 1e9, 6),
