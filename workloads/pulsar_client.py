@@ -330,10 +330,12 @@ def receive(session: Session, topic: str, subscription: str = SUBSCRIPTION, type
     return OK, {"value": value, "node": node}, msgs, c
 
 
-def read_topic(session: Session, topic: str, timeout_s: float) -> tuple[str, dict[str, Any]]:
+def read_topic(session: Session, topic: str, timeout_s: float,
+               decode: Callable[[Any], dict[str, Any]] | None = None) -> tuple[str, dict[str, Any]]:
     """A final read: every message of the topic from the earliest, in order, until the reader has no
-    more (the broker's last message id is reached). info if that does not happen within timeout_s;
-    a broken reader starts over from the earliest."""
+    more (the broker's last message id is reached), each as `decode` records it (a plain message by
+    default). info if that does not happen within timeout_s; a broken reader starts over from the
+    earliest. The reader has no schema: nothing it reads is checked against one."""
     import pulsar
     deadline = time.monotonic() + timeout_s
     reader = None
@@ -354,7 +356,7 @@ def read_topic(session: Session, topic: str, timeout_s: float) -> tuple[str, dic
             if left_ms <= 0:
                 break
             msg = reader.read_next(min(READ_NEXT_MS, left_ms))
-            out.append(_decode(msg, False))
+            out.append(decode(msg) if decode is not None else _decode(msg, False))
         except pulsar.Timeout as e:
             last_error = _err(e)
         except Exception as e:

@@ -60,7 +60,7 @@ from core.history import FAIL, INFO, OK, MessageId
 from core.spec import TestSpec
 from workloads import base
 from workloads.base import FINAL_PROCESS, MAX_WORKERS, Context, Planned
-from workloads.pulsar_client import SEND_TIMEOUT_MS, session_for, topic_names
+from workloads.pulsar_client import SEND_TIMEOUT_MS, read_topic, session_for, topic_names
 
 DESCRIPTION = ("producers and consumers evolve JSON schemas on a few topics (compatible and incompatible "
                "changes) under faults; every broker is asked for every topic's schema versions at the end")
@@ -500,32 +500,6 @@ def start(ctx: Context) -> list[threading.Thread]:
     return base.start_threads(ctx, [(f"thread-{i}", lambda i=i: run(i)) for i in mine])
 
 
-def read_all(session: Any, topic: str, timeout_s: float) -> tuple[str, dict[str, Any]]:
-    """Every message of `topic` from the earliest (a Reader without a schema: it is not checked), with
-    each one's schema version; info if the end was not reached within timeout_s."""
-    import pulsar
-    deadline = time.monotonic() + timeout_s
-    reader, out, last, attempts = None, [], "", 0
-    while time.monotonic() < deadline:
-        try:
-            if reader is None:
-                attempts += 1
-                reader = session.client.create_reader(topic, pulsar.MessageId.earliest,
-                                                      reader_name=f"{session.name}-sr{attempts}")
-                out = []
-            if not reader.has_message_available():
-                return OK, {"value": out, "node": session.node_of(topic, "")}
-            out.append(decode(reader.read_next(2000)))
-        except Exception as e:
-            last = _err(e)
-            if not isinstance(e, pulsar.Timeout) and reader is not None:
-                _close(reader)
-                reader = None
-                time.sleep(0.5)
-    return INFO, {"error": f"final read unfinished after {timeout_s:.0f}s ({len(out)} messages, "
-                           f"{attempts} reader(s)); last error: {last or 'none'}"}
-
-
 def ask_registry(admin_url: str, topic: str, tries_s: float = REGISTRY_TRIES_S) -> tuple[str, dict[str, Any]]:
     """One broker's answer to GET .../schemas for `topic`: ok [{"version", "schema", "type"}], or info
     when it gave none within tries_s (a read: nothing to fail)."""
@@ -553,7 +527,7 @@ def start_final(ctx: Context) -> list[threading.Thread]:
 
     def one(i: int, topic: str) -> None:
         base.once(ctx, FINAL_PROCESS + i, "read", topic, None,
-                  lambda: read_all(session, topic, ctx.spec.final_read_timeout))
+                  lambda: read_topic(session, topic, ctx.spec.final_read_timeout, decode=decode))
         # every broker in turn; asked again (up to REGISTRY_ROUNDS) while their answers differ, so
         # that a registration still finishing on a broker is not taken for a divergence: the
         # checker compares each broker's last answer

@@ -178,28 +178,26 @@ class BrokerService:
         except Exception as e:  # ZooKeeper unreachable, etc.: the client retries
             raise ServiceUnitNotReady(f"Failed to load topic {topic}: {e}") from e
         t = Topic(topic, ml, self)
-        try:
-            t.compacted = await compaction.load_view(self.store, self.bk, ml_name(topic))
-        except Exception as e:
-            log.warning("%s: loading the compacted view: %s", topic, e)
+
+        async def step(what: str, coro: Any) -> Any:
+            """A loading step; on failure the ledger is closed and the topic not loaded (the client retries)."""
             try:
-                await ml.close()
-            except Exception:
-                pass
-            raise ServiceUnitNotReady(f"Failed to load topic {topic}: compacted ledger: {e}") from e
+                return await coro
+            except Exception as e:
+                log.warning("%s: %s: %s", topic, what, e)
+                try:
+                    await ml.close()
+                except Exception:
+                    pass
+                raise ServiceUnitNotReady(f"Failed to load topic {topic}: {what}: {e}") from e
+        t.compacted = await step("compacted ledger", compaction.load_view(self.store, self.bk, ml_name(topic)))
         t.dedup = MessageDeduplication(topic, ml, ZkSnapshots(self.store, ml_name(topic)),
                                        pushed_only=bool(bugs.value(self.config.bugs, "broker.dedup_pushed_only")))
-        try:
-            # before any producer attaches: rebuild the sequence ids from the snapshot and the
-            # entries after it (the state the previous owner had), or drop a stale dedup cursor
+        # before any producer attaches: rebuild the sequence ids from the snapshot and the entries
+        # after it (the state the previous owner had), or drop a stale dedup cursor
+        async def dedup_state() -> None:
             await t.dedup.apply(await self.deduplication_enabled(topic))
-        except Exception as e:
-            log.warning("%s: recovering deduplication state: %s", topic, e)
-            try:
-                await ml.close()
-            except Exception:
-                pass
-            raise ServiceUnitNotReady(f"Failed to load topic {topic}: deduplication state: {e}") from e
+        await step("deduplication state", dedup_state())
         self.topics[topic] = t
         log.info("loaded topic %s", topic)
         return t
