@@ -18,6 +18,7 @@ import time
 from typing import Any, Iterable
 
 from clusters import bugs
+from clusters.broker.compaction import Compactor
 from clusters.broker.dedup import DUP as DEDUP_DUP, ENABLED as DEDUP_ENABLED, NOT_DUP as DEDUP_NOT_DUP
 from clusters.broker.managed_ledger import EntryCache, ManagedLedgerError, ManagedLedgerFenced, Position
 from clusters.broker.murmur3 import sticky_key_hash
@@ -1424,7 +1425,6 @@ class Topic:
         self._waiting_exclusive: collections.deque = collections.deque()
         self._publish_fenced = False        # a write failed: refuse publishes until the adds drain
         # topic compaction (clusters/broker/compaction.py): the compacted view and the runs
-        from clusters.broker.compaction import Compactor
         self.compacted: Any = None
         self.compaction = Compactor(self)
 
