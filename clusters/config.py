@@ -9,6 +9,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+# Pulsar's loadManagerClassName default, the one place it is written: an entry of
+# clusters/loadbalancer/manager.py's LOAD_MANAGERS (`--load-manager`)
+DEFAULT_LOAD_MANAGER = "modular"
+
 
 @dataclass(kw_only=True)
 class NodeConfig:
@@ -58,7 +62,7 @@ class BrokerConfig(NodeConfig):
     # the load manager (clusters/loadbalancer/manager.py: LOAD_MANAGERS) and its settings, under
     # Pulsar's ServiceConfiguration names (clusters/loadbalancer/settings.py), e.g.
     # {"loadBalancerSheddingIntervalMinutes": 0.1}
-    load_manager: str = "modular"
+    load_manager: str = DEFAULT_LOAD_MANAGER
     load_balancer: dict[str, Any] = field(default_factory=dict)
     # this broker's limits, against which its measured load is a percentage (signals.py)
     cpu_cores: float = 1.0                  # Pulsar: availableProcessors / the cgroup quota

@@ -88,7 +88,7 @@ class TestSpec:
     write_quorum: int = 2
     ack_quorum: int = 2
     bugs: dict[str, Any] = field(default_factory=dict)
-    load_manager: str = "modular"           # the brokers' load manager
+    load_manager: str = ""                  # the brokers' load manager; "" = their default
     # load-balancer settings under Pulsar's names, e.g. loadBalancerSheddingIntervalMinutes = 0.1
     lb_settings: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)   # the workload's options (its OPTIONS)
@@ -166,7 +166,7 @@ class TestSpec:
             for k in self.bugs:
                 if k not in knobs:
                     raise err("bugs", f"unknown bug knob {k!r}", f"use one of {', '.join(knobs)}")
-        if catalog is not None and self.load_manager not in catalog.load_manager_names():
+        if catalog is not None and self.load_manager and self.load_manager not in catalog.load_manager_names():
             raise err("load_manager", f"unknown load manager {self.load_manager!r}",
                       f"use one of {', '.join(catalog.load_manager_names())}")
         if not isinstance(self.lb_settings, dict):

@@ -174,12 +174,14 @@ def _up_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--subnet", default=None, help="an unused private /24 (default: first free 10.213.X.0/24)")
     p.add_argument("--bug", action="append", default=[], metavar="KEY[=VALUE]",
                    help="turn on a bug knob of the reference system (repeatable)")
-    _lb_args(p, "modular")
+    _lb_args(p, None)
 
 
 def _lb_args(p: argparse.ArgumentParser, default: str | None) -> None:
+    from clusters.loadbalancer.manager import DEFAULT_LOAD_MANAGER, LOAD_MANAGERS
     p.add_argument("--load-manager", default=default, metavar="NAME",
-                   help="the brokers' load manager: modular (Pulsar's ModularLoadManagerImpl; the default)")
+                   help=f"the brokers' load manager (Pulsar's loadManagerClassName): one of "
+                        f"{', '.join(LOAD_MANAGERS)}; default {DEFAULT_LOAD_MANAGER}")
     p.add_argument("--lb-setting", action="append", default=None, metavar="NAME=VALUE",
                    help="a load-balancer setting under Pulsar's name, e.g. "
                         "loadBalancerSheddingIntervalMinutes=0.1 (repeatable)")

@@ -83,3 +83,12 @@ def test_the_reader_sees_function_level_imports():
     # the rules would hold vacuously if the reader missed imports inside functions (the runner's are)
     assert {"nemesis.combine", "nemesis.registry", "workloads"} <= EDGES["harness.runner"]
     assert "core.history" in EDGES["checkers.log"]
+
+
+def test_the_broker_uses_the_load_balancer_never_the_reverse():
+    # the load manager owns ownership and reaches its broker only through manager.BrokerServices; what
+    # both need (bundles, the broker registry, decoding) lies below both (clusters/metadata, bundles.py)
+    bad = sorted(f"{m} -> {o}" for m, outs in EDGES.items() if m.startswith("clusters.loadbalancer")
+                 for o in outs if o.startswith("clusters.broker"))
+    assert bad == []
+    assert {"clusters.loadbalancer.manager", "clusters.loadbalancer.api"} <= EDGES["clusters.broker.service"]

@@ -4,7 +4,8 @@ import collections
 
 import pytest
 
-from clusters.broker.ownership import Ownership, bundle_of, topic_namespace
+from clusters.loadbalancer.bundles import bundle_of, topic_namespace
+from clusters.loadbalancer.zk_ownership import ZkOwnership as Ownership
 from clusters.loadbalancer.bundles import FULL_UPPER
 from clusters.config import BrokerConfig
 from clusters.metadata.store import MetadataStore

@@ -80,8 +80,10 @@ from clusters.broker import partitions as parts
 from clusters.broker.selectors import partition_index as parts_index
 from clusters.broker.managed_ledger import (ML_ROOT, Position, _pos_from, _ranges_from, is_system_cursor,
                                             ml_name, ml_path)
-from clusters.broker.ownership import BROKERS_PATH, NAMESPACE_ROOT
-from clusters.broker.policies import (POLICIES_ROOT, NamespacePolicies, PolicyError, decode_json_object,
+from clusters.loadbalancer.bundles import NAMESPACE_ROOT
+from clusters.metadata.brokers import BrokerRegistry
+from clusters.metadata.codec import decode_json_object
+from clusters.broker.policies import (POLICIES_ROOT, NamespacePolicies, PolicyError,
                                       policies_path)
 from clusters.httpd import (HttpError, HttpServer, Request, Response, error, http_get, http_request,  # noqa: F401
                             parse_request_head)
@@ -244,17 +246,7 @@ class AdminHttpServer(HttpServer):
     async def _live_brokers(self) -> list[dict[str, str]]:
         """Every registered broker: {"id": its brokerId host:http_port, "web": the same, "web_url",
         "service_url", "name"}."""
-        out = []
-        for key in await _zk(self.service.store.children(BROKERS_PATH)):
-            got = await _zk(self.service.store.get_or_none(f"{BROKERS_PATH}/{key}"))
-            data = decode_json_object(got[0] if got else b"")
-            web_url = data.get("webServiceUrl") or data.get("web_url")
-            if not isinstance(web_url, str):
-                web_url = f"http://{key}"
-            service_url = data.get("pulsarServiceUrl") or data.get("service_url") or ""
-            out.append({"id": key, "web": web_url.split("://", 1)[-1], "web_url": web_url,
-                        "service_url": str(service_url), "name": str(data.get("name", ""))})
-        return out
+        return await _zk(BrokerRegistry(self.service.store).live())
 
     async def _owned_namespaces(self, req: Request, broker: str) -> Response:
         me = {self.service.ownership.me, self.cfg.web_url.split("://", 1)[-1], self.cfg.name}

@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from clusters.broker.managed_ledger import ML_ROOT, ml_name, ml_path
-from clusters.broker.ownership import topic_namespace
+from clusters.loadbalancer.bundles import topic_namespace
 from clusters.metadata.store import BadVersion, NodeExists, NoNode
 from clusters.protocol.topics import base_name, partition_index, partition_name
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from clusters.config import BrokerConfig
+from clusters.metadata.codec import decode_json_object
 from clusters.metadata.store import BadVersion, NodeExists
 
 log = logging.getLogger(__name__)
@@ -218,14 +219,3 @@ class PolicyCache:
                 fn(key, pol)
             except Exception:
                 log.warning("policy listener failed", exc_info=True)
-
-
-def decode_json_object(data: bytes) -> dict[str, Any]:
-    """A znode's JSON object; {} when it is empty, not JSON or not an object."""
-    if not data:
-        return {}
-    try:
-        raw = json.loads(data)
-    except ValueError:
-        return {}
-    return raw if isinstance(raw, dict) else {}

@@ -21,10 +21,11 @@ from clusters.broker import compaction
 from clusters.broker import schema as schemas
 from clusters.broker.managed_ledger import (ManagedLedger, ManagedLedgerError, ManagedLedgerFenced,
                                             ml_name)
-from clusters.broker.ownership import Bundle, LookupResult, Ownership, topic_namespace
 from clusters.broker.topic import NotAllowed, ServiceUnitNotReady, Topic
 from clusters.config import BrokerConfig
 from clusters.loadbalancer import manager as load_managers
+from clusters.loadbalancer.bundles import Bundle, topic_namespace
+from clusters.loadbalancer.api import LookupResult
 from clusters.loadbalancer.signals import IoCounters
 from clusters.protocol.topics import normalize_topic
 from clusters.metadata.store import MetadataStore
@@ -47,10 +48,9 @@ class BrokerService:
         self.bk: Any = None
         self.schemas: Any = None                 # the schema registry (clusters/broker/schema.py)
         self.io = IoCounters()                   # bytes in/out on client connections (connection.py)
-        self.ownership = Ownership(self.store, cfg, on_lost=self._bundle_lost)
-        self.ownership.reactivate_on_failure = bool(self.bug("broker.reactivate_on_release_failure"))
+        # the load manager owns bundle ownership (clusters/loadbalancer/manager.py)
         self.load_manager = load_managers.create(cfg.load_manager, self)
-        self.ownership.assign = self.load_manager.assign
+        self.ownership = self.load_manager.ownership
         self.policies = PolicyCache(self.store, cfg)       # namespace policies (clusters/broker/policies.py)
         self.topic_policies = PolicyCache(self.store, cfg, path=topic_policies_path)   # topic overrides
         self.topics: dict[str, Topic] = {}
@@ -75,7 +75,6 @@ class BrokerService:
         # Listen before registering: a registered broker must be reachable.
         self.server = await serve_connections(self, self.config.host, self.config.port)
         self.http = await serve_http(self)          # the admin HTTP API (clusters/broker/http.py)
-        await self.ownership.start()
         await self.load_manager.start()
         register_metrics(self)
         self._rate_task = asyncio.get_running_loop().create_task(self._rates_loop())
@@ -96,13 +95,9 @@ class BrokerService:
         for name in list(self.topics):
             await self._unload_topic(name)
         try:
-            await self.load_manager.stop()
+            await self.load_manager.stop()          # gives up the bundles, as disableBroker does
         except Exception as e:
             log.warning("stopping the load manager: %s", e)
-        try:
-            await self.ownership.release_all()
-        except Exception as e:
-            log.warning("releasing ownership: %s", e)
         for cnx in list(self.connections):
             try:
                 cnx.close()
@@ -355,7 +350,7 @@ class BrokerService:
         bundle = self.ownership.bundle(topic)
         if bundle in self.ownership.owned or any(self.ownership.bundle(n) == bundle for n in self.topics):
             self.ownership.owned.discard(bundle)
-            asyncio.get_running_loop().create_task(self._bundle_lost(bundle))
+            asyncio.get_running_loop().create_task(self.bundle_lost(bundle))
         if t is not None:
             log.warning("topic %s fenced by a new owner; unloaded (with the rest of bundle %s)", topic, bundle)
 
@@ -375,7 +370,7 @@ class BrokerService:
         except Exception as e:
             log.warning("closing topic %s: %s", topic, e)
 
-    async def _bundle_lost(self, bundle: Bundle) -> None:
+    async def bundle_lost(self, bundle: Bundle) -> None:
         for name in [n for n in self.topics if self.ownership.bundle(n) == bundle]:
             await self._unload_topic(name)
 
@@ -432,7 +427,7 @@ def register_metrics(svc: "BrokerService") -> None:
     lm = svc.load_manager
 
     def usage(kind: str) -> Any:
-        return lambda: {(cluster,): lm.usage.latest[kind].percent()}
+        return lambda: {(cluster,): lm.resource_usage()[kind]}
     for kind, metric in (("cpu", "cpu"), ("memory", "memory"), ("directMemory", "directMemory"),
                          ("bandwidthIn", "bandwidth_in"), ("bandwidthOut", "bandwidth_out")):
         R.gauge(f"pulsar_lb_{metric}_usage", f"{kind} usage, percent of this broker's limit", ("cluster",),

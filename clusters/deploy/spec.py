@@ -83,7 +83,7 @@ class ClusterSpec:
     lazy_disks: list[str] = field(default_factory=list)
     # the brokers' load manager (clusters/loadbalancer/manager.py) and its settings under Pulsar's
     # names (clusters/loadbalancer/settings.py), e.g. {"loadBalancerSheddingIntervalMinutes": 0.1}
-    load_manager: str = "modular"
+    load_manager: str | None = None         # None: DEFAULT_LOAD_MANAGER (clusters/loadbalancer/manager.py)
     lb_settings: dict[str, Any] = field(default_factory=dict)
     # settings of single brokers by node name, over broker_config: unequal brokers, e.g.
     # {"broker-1": {"cpu_cores": 0.5}}
@@ -124,8 +124,9 @@ class ClusterSpec:
             bad = sorted(set(extra) - known)
             if bad:
                 raise SpecError(f"unknown {role} setting(s) {bad}", f"use one of: {', '.join(sorted(known))}")
-        from clusters.loadbalancer.manager import LOAD_MANAGERS
+        from clusters.loadbalancer.manager import DEFAULT_LOAD_MANAGER, LOAD_MANAGERS
         from clusters.loadbalancer.settings import LoadBalancerSettings
+        self.load_manager = self.load_manager or DEFAULT_LOAD_MANAGER
         if self.load_manager not in LOAD_MANAGERS:
             raise SpecError(f"unknown load manager {self.load_manager!r}",
                             f"use one of: {', '.join(LOAD_MANAGERS)}")

@@ -21,7 +21,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from clusters.broker.policies import decode_json_object
+from clusters.metadata.codec import decode_json_object
 from clusters.metadata.store import BadVersion, NodeExists
 
 log = logging.getLogger(__name__)

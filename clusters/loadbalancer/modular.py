@@ -25,18 +25,19 @@ import time
 from collections import deque
 from typing import Any
 
-from clusters.broker.ownership import BROKERS_PATH, Assignment
-from clusters.broker.policies import decode_json_object
 from clusters.httpd import http_request
 from clusters.loadbalancer import splitting
 from clusters.loadbalancer.bundles import Bundle, BundleError, parse_range
 from clusters.loadbalancer.data import (LoadData, LocalBrokerData, NamespaceBundleStats, ResourceUsage,
                                         need_broker_data_update)
+from clusters.loadbalancer.api import Assignment
 from clusters.loadbalancer.placement import make_placement_strategy, select_broker
 from clusters.loadbalancer.settings import LoadBalancerSettings
 from clusters.loadbalancer.shedding import make_shedding_strategy, placement_destination, plan_shedding
 from clusters.loadbalancer.signals import HostUsage
 from clusters.loadbalancer.splitting import bundles_to_split
+from clusters.loadbalancer.zk_ownership import ZkOwnership
+from clusters.metadata.brokers import BROKERS_PATH, BrokerRegistry
 from clusters.metadata.store import NodeExists, NoNode
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,12 @@ class ModularLoadManager:
         self.settings = LoadBalancerSettings.from_mapping(dict(cfg.load_balancer or {}))
         self.broker_id = f"{cfg.host}:{cfg.http_port}"
         self.path = f"{BROKERS_PATH}/{self.broker_id}"
+        self.registry = BrokerRegistry(self.store)
+        # ownership by ZooKeeper locks; an unowned bundle's broker is this load manager's choice
+        self.ownership = ZkOwnership(self.store, cfg, on_lost=service.bundle_lost)
+        self.ownership.assign = self.assign
+        # bug knob broker.reactivate_on_release_failure (zk_ownership.py's release)
+        self.ownership.reactivate_on_failure = bool(service.bug("broker.reactivate_on_release_failure"))
         self.usage = HostUsage(service.io, cpu_cores=cfg.cpu_cores, memory_limit_mb=cfg.memory_limit_mb,
                                nic_speed_gbps=self.settings.loadBalancerOverrideBrokerNicSpeedGbps or cfg.nic_speed_gbps)
         self.rng = random.Random()
@@ -91,6 +98,7 @@ class ModularLoadManager:
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
+        await self.ownership.start()
         self.load_data = LoadData()
         self.store.add_listener(self._on_session)
         await self._register()
@@ -117,6 +125,10 @@ class ModularLoadManager:
             except Exception:  # noqa: BLE001 - the session's end removes them anyway
                 pass
         self._is_leader = False
+        try:
+            await self.ownership.release_all()
+        except Exception as e:  # noqa: BLE001 - the session's end removes the locks anyway
+            log.warning("releasing ownership: %s", e)
 
     def _on_session(self, state: str) -> None:
         if state == "CONNECTED" and not self._stopped:
@@ -130,6 +142,9 @@ class ModularLoadManager:
             log.warning("re-registering after a new ZooKeeper session: %s", e)
 
     # -- registration and load report ----------------------------------------------------------
+    def resource_usage(self) -> dict[str, float]:
+        return {kind: u.percent() for kind, u in self.usage.latest.items()}
+
     def load_report(self) -> dict[str, Any]:
         return self._local_data().to_json()
 
@@ -140,10 +155,10 @@ class ModularLoadManager:
         if self._local is None:
             self._local = LocalBrokerData(webServiceUrl=self.cfg.web_url, pulsarServiceUrl=self.cfg.service_url,
                                           loadManagerClassName=CLASS_NAME)
-        stats: dict[str, Any] = {str(b): NamespaceBundleStats() for b in svc.ownership.owned}
+        stats: dict[str, Any] = {str(b): NamespaceBundleStats() for b in self.ownership.owned}
         for name, t in list(svc.topics.items()):
             try:
-                bundle = str(svc.ownership.bundle(name))
+                bundle = str(self.ownership.bundle(name))
             except ValueError:
                 continue
             s = stats.setdefault(bundle, NamespaceBundleStats())
@@ -312,17 +327,10 @@ class ModularLoadManager:
     # -- the brokers ---------------------------------------------------------------------------
     async def registration(self, broker_id: str) -> dict[str, Any] | None:
         """One broker's registration (its LocalBrokerData JSON), None if it is not live."""
-        got = await self.store.get_or_none(f"{BROKERS_PATH}/{broker_id}")
-        doc = decode_json_object(got[0] if got else b"")
-        return doc or None
+        return await self.registry.registration(broker_id)
 
     async def available_brokers(self) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = {}
-        for key in await self.store.children(BROKERS_PATH):
-            doc = await self.registration(key)
-            if doc is not None:
-                out[key] = doc
-        return out
+        return await self.registry.available()
 
     # -- assignment ------------------------------------------------------------------------------
     async def assign(self, bundle: Bundle) -> Assignment:
@@ -513,7 +521,7 @@ class ModularLoadManager:
             raise BundleError(str(e)) from None
         if not cuts:
             raise BundleError(f"{algo} finds no split position in {bundle} ({len(topics)} topics)")
-        children = await svc.ownership.split(bundle, list(cuts), cas=not svc.bug("broker.split_without_cas"))
+        children = await self.ownership.split(bundle, list(cuts), cas=not svc.bug("broker.split_without_cas"))
         self._event("split", bundle=str(bundle), children=[c.range_name for c in children], algorithm=algo,
                     unload=unload, source=self.broker_id)
         if unload:

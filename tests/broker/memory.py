@@ -12,7 +12,7 @@ from typing import Any
 
 from clusters.broker.managed_ledger import (ManagedLedgerError, ManagedLedgerFenced, Position,
                                             ml_name)
-from clusters.broker.ownership import LookupResult
+from clusters.loadbalancer.api import LookupResult
 from clusters.broker.topic import ServiceUnitNotReady, Topic
 from clusters.config import BrokerConfig
 

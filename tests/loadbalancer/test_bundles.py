@@ -8,7 +8,7 @@ import zlib
 
 import pytest
 
-from clusters.broker.ownership import Ownership
+from clusters.loadbalancer.zk_ownership import ZkOwnership as Ownership
 from clusters.config import BrokerConfig
 from clusters.loadbalancer.bundles import (FULL_UPPER, Bundle, BundleError, NamespaceBundles, bundle_of,
                                            initial_boundaries, local_policies_path, parse_bundles_data,

@@ -27,7 +27,6 @@ async def make_broker(zk: str, i: int) -> tuple[BrokerService, AdminHttpServer]:
                        load_balancer={"loadBalancerReportUpdateMinIntervalMillis": 100})
     svc = BrokerService(cfg)
     await svc.store.start()
-    await svc.ownership.start()
     await svc.load_manager.start()
     return svc, await AdminHttpServer(svc).start()
 

@@ -1,53 +1,34 @@
-"""Topic ownership through ZooKeeper: bundles (hash ranges of topic names) owned by one broker at a time.
-
-A bundle is owned through an ephemeral znode `/namespace/<tenant>/<ns>/<range>`, as in Pulsar; the
-bundles themselves come from the namespace's boundaries (clusters/loadbalancer/bundles.py). Who gets
-an unowned bundle is the load manager's decision (clusters/loadbalancer/); taking the lock, releasing
-it, and splitting a bundle this broker owns are done here.
+"""Topic ownership through ZooKeeper locks, the modular load manager's (Pulsar's OwnershipCache over
+ResourceLocks): a bundle (a hash range of topic names) is owned through an ephemeral znode
+`/namespace/<tenant>/<ns>/<range>`; the bundles themselves come from the namespace's boundaries
+(bundles.py). Who gets an unowned bundle is the load manager's decision (`assign`); taking the lock,
+releasing it, and splitting a bundle this broker owns are done here.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from clusters.broker.policies import decode_json_object
 from clusters.config import BrokerConfig
 from clusters.loadbalancer.bundles import (NAMESPACE_ROOT, Bundle, BundleError, BundleFactory,  # noqa: F401
                                            NamespaceBundles, bundle_of, bundles_data, default_bundles,
                                            local_policies_path, parse_bundles_data,
                                            topic_namespace)
+from clusters.loadbalancer.api import Assignment, LookupResult
+from clusters.metadata.brokers import BrokerRegistry
+from clusters.metadata.codec import decode_json_object
 from clusters.metadata.store import BadVersion, MetadataStore, NodeExists, NoNode
 
 log = logging.getLogger(__name__)
 
-BROKERS_PATH = "/loadbalance/brokers"
 BUNDLE_SPLIT_RETRY_LIMIT = 7            # NamespaceService.BUNDLE_SPLIT_RETRY_LIMIT
 
 
-@dataclass
-class LookupResult:
-    kind: str                 # connect | redirect | failed
-    url: str = ""
-    authoritative: bool = False
-    error: str | None = None  # a ServerError name
-    message: str | None = None
-
-
-@dataclass
-class Assignment:
-    """The load manager's answer for an unowned bundle: take it here (`url` empty), or send the client
-    to `url` (`authoritative`: that broker must take it, as the leader's choice)."""
-    url: str = ""
-    authoritative: bool = False
-    error: str | None = None
-    message: str | None = None
-
-
-class Ownership:
-    """This broker's view and control of bundle ownership."""
+class ZkOwnership:
+    """This broker's view and control of bundle ownership through ZooKeeper locks (the `Ownership`
+    protocol of manager.py)."""
 
     def __init__(self, store: MetadataStore, cfg: BrokerConfig,
                  on_lost: Callable[[Bundle], Any] | None = None):
@@ -145,7 +126,7 @@ class Ownership:
             return None
 
     async def live_brokers(self) -> list[str]:
-        return sorted(await self.store.children(BROKERS_PATH))
+        return await BrokerRegistry(self.store).ids()
 
     # -- taking and giving up ------------------------------------------------------------
     async def acquire(self, bundle: Bundle) -> str:
