@@ -21,8 +21,8 @@ CheckFn = Callable[[list[Op], "dict[str, Any] | None"], CheckResult]
 @dataclass(frozen=True)
 class Checker:
     """A checker's declaration: the module whose `function` is the check, one line of help, and the
-    observers the runner must run for it (`observers`: names of `harness.recorder`'s recorders, whose rows
-    join the history; e.g. "ownership")."""
+    observers the runner must run for it (`observers`: names of harness/observers.py's entries, whose rows
+    join the history; e.g. "bundle-owner")."""
     module: str
     help: str
     function: str = "check"
@@ -42,7 +42,7 @@ REGISTRY: Registry[Checker] = Registry("checker", {
     "exactly-once": Checker("checkers.exactly_once", "a processor's outputs against its inputs, exactly once"),
     "linear": Checker("checkers.linear", "linearizability against a model (opts['model'], default cas-register)"),
     "ownership": Checker("checkers.ownership", "one owner per bundle at a time, boundaries that partition the "
-                         "hash space, shedding rules, no serving without the lock", observers=("ownership",)),
+                         "hash space, shedding rules, no serving without the lock", observers=("bundle-owner",)),
     "balance": Checker("checkers.balance", "load per broker over time, time to a balanced cluster after brokers "
                        "leave or join, unloads and splits, per-topic unavailability during unloads"),
     "schema": Checker("checkers.schema", "schema versions of messages against the registry: lost-version, "

@@ -124,8 +124,8 @@ class Run:
         self.nemesis_thread: threading.Thread | None = None
         self.nemesis_stop = threading.Event()
         self.nemesis_journal: Journal | None = None
-        self.observers: list[tuple[Any, Journal]] = []   # (recorder, its journal): harness/recorder.py
-        self.observed = False                            # an observer ran: import the brokers' lb events
+        self.observers: list[tuple[Any, Journal]] = []   # (running observer, its journal): harness/observers.py
+        self.observed = False                            # an observer ran that wants the brokers' lb events
         self.final_reads_done = False
         self.interrupted: str | None = None
         self.check_errors: list[str] = []
@@ -254,31 +254,32 @@ class Run:
         self.progress.line(f"workload done: {self.progress.summary()}")
 
     def _start_observers(self) -> None:
-        """The observers the workload's checkers need (`checkers.Checker.observers`), journaling into the
-        run's journals/ from the workload's start; stopped in `_finish`, before the teardown."""
+        """The observers the workload's checkers need (`checkers.Checker.observers`, entries of
+        harness/observers.py), journaling into the run's journals/ from the workload's start; stopped in
+        `_finish`, before the teardown."""
         import checkers
+        from harness import observers
         try:
-            wanted = checkers.observers(self.workload.checkers(self.spec))
+            wanted = sorted(checkers.observers(self.workload.checkers(self.spec)))
+            entries = {name: observers.OBSERVERS[name] for name in wanted}
         except Exception as e:
             self._error(f"observers: {type(e).__name__}: {e}")
             return
-        if "ownership" not in wanted:
+        if not entries:
             return
-        from harness import recorder
         cluster = json.loads((self.run_dir / store.CLUSTER_JSON).read_text())
-        if not cluster.get("zk_connect"):
-            self._error(f"ownership recorder: {store.CLUSTER_JSON} names no zk_connect")
-            return
-        journal = Journal(store.journal_dir(self.run_dir) / recorder.JOURNAL_NAME, self.t0_ns)
-        try:
-            rec = recorder.record(cluster["zk_connect"], journal, cluster)
-        except recorder.RecorderError as e:
-            journal.close()
-            self._error(f"ownership recorder: {e}")
-            return
-        self.observers.append((rec, journal))
-        self.observed = True
-        log.info("ownership recorder watching %s", cluster["zk_connect"])
+        for name, entry in entries.items():
+            journal = Journal(store.journal_dir(self.run_dir) / entry.journal, self.t0_ns)
+            ctx = observers.ObserverContext(cluster, self.spec.load_manager, journal, self.run_dir)
+            try:
+                running = entry.start(ctx)
+            except observers.ObserverError as e:
+                journal.close()
+                self._error(f"{name} observer: {e}")
+                continue
+            self.observers.append((running, journal))
+            self.observed = self.observed or entry.imports_lb_events
+            log.info("%s observer watching", name)
 
     def _stop_observers(self) -> None:
         while self.observers:

@@ -113,7 +113,7 @@ def _handoff(overlapping: bool) -> H:
 
 def test_the_checker_is_registered_with_its_observer():
     assert REGISTRY["ownership"].check is check
-    assert observers(["log", "ownership"]) == {"ownership"}
+    assert observers(["log", "ownership"]) == {"bundle-owner"}
     assert observers(["log"]) == set()
 
 
