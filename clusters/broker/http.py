@@ -563,7 +563,7 @@ class AdminHttpServer(HttpServer):
             if what == "unload":
                 _allow(req, "/unload", "PUT")
                 for b in await self._bundle_list(namespace):
-                    await self._unload_bundle(req, b)
+                    await self._unload(req, b, None)
                 return Response(204, b"")
             if what in _NS_POLICY_ACTIONS:
                 method = _allow(req, f"/{what}", "GET", "POST", "DELETE")
@@ -575,10 +575,7 @@ class AdminHttpServer(HttpServer):
         if len(rest) == 4 and rest[3] == "unload" and what.startswith("0x"):
             _allow(req, "/unload", "PUT")
             bundle = await self._parse_bundle(namespace, what)
-            dest = req.arg("destinationBroker")
-            if dest:
-                return await self._unload_to(req, bundle, dest)
-            return await self._unload_bundle(req, bundle)
+            return await self._unload(req, bundle, req.arg("destinationBroker"))
         if len(rest) == 4 and rest[3] == "split" and what.startswith("0x"):
             _allow(req, "/split", "PUT")
             return await self._split_bundle(req, await self._parse_bundle(namespace, what))
@@ -674,30 +671,40 @@ class AdminHttpServer(HttpServer):
         names = ", ".join(b.range_name for b in bundles)
         raise HttpError(404, f"no bundle {name[:60]} in {namespace}; its bundles are {names}")
 
-    async def _unload_to(self, req: Request, bundle: Any, dest: str) -> Response:
-        """Unload with a destination (Pulsar: bundle affinity on the leader): the leader records where
-        the bundle goes next, then has its owner unload it."""
-        svc = self.service
-        live = {b["web"]: b for b in await self._live_brokers()}
-        if dest not in live:
-            raise HttpError(400, f"destinationBroker {dest[:80]!r} is not a live broker; live brokers: "
-                                 f"{', '.join(sorted(live))}")
-        lm = svc.load_manager
-        if not lm.is_leader():
+    async def _unload(self, req: Request, bundle: Any, dest: str | None) -> Response:
+        """PUT .../{bundle}/unload[?destinationBroker=<brokerId>]: the load manager unloads (a transfer to
+        the destination when one is given) or names where the request goes on (api.Route)."""
+        from clusters.loadbalancer.api import UnloadRefused
+        if dest:
+            live = {b["web"]: b for b in await self._live_brokers()}
+            if dest not in live:
+                raise HttpError(400, f"destinationBroker {dest[:80]!r} is not a live broker; live brokers: "
+                                     f"{', '.join(sorted(live))}")
+        try:
+            route = await self.service.load_manager.unload(bundle, dest or None)
+        except UnloadRefused as e:
+            raise HttpError(e.status, str(e)) from None
+        except HttpError:
+            raise
+        except Exception as e:
+            raise HttpError(503, f"unloading {bundle}: {type(e).__name__}: {e}") from None
+        if route is None:
+            return Response(204, b"")
+        if route.to == "leader":
             if req.flag("forwarded"):
                 raise HttpError(503, "the load-balancer leader is changing; retry")
-            leader = await _zk(lm.leader())
-            if leader is None or not leader.get("serviceUrl"):
-                raise HttpError(503, "no load-balancer leader now; retry")
-            return await self._forward(req, str(leader["serviceUrl"]), "the load-balancer leader")
-        await lm.set_affinity(bundle, dest)
-        owner = await _zk(svc.ownership.owner(bundle))
-        if owner is None:
-            return Response(204, b"")
+            return await self._forward(req, route.url, "the load-balancer leader")
+        if req.flag("forwarded") and not dest:
+            raise HttpError(503, f"bundle {bundle} is owned by {route.url}, not this broker (ownership is moving)")
+        web = await self.web_url_of(f"pulsar://{route.url}")
         sub = Request("PUT", f"/admin/v2/namespaces/{bundle}/unload",
                       ["admin", "v2", "namespaces", *str(bundle).split("/"), "unload"],
                       {}, req.version, {}, False)
-        return await self._unload_bundle(sub, bundle)
+        resp = await self._forward(sub, web, f"bundle {bundle}")
+        if resp.status >= 300:
+            raise HttpError(resp.status if resp.status >= 400 else 503,
+                            f"unloading {bundle} on {route.url}: {resp.body[:200].decode(errors='replace')}")
+        return Response(204, b"")
 
     async def _split_bundle(self, req: Request, bundle: Any) -> Response:
         """PUT .../{bundle}/split?unload=&splitAlgorithmName= (body: the boundaries, for
@@ -737,26 +744,6 @@ class AdminHttpServer(HttpServer):
         return {"bundle": str(bundle), "range": bundle.range_name, "owner": data.get("broker"),
                 "brokerUrl": data.get("service_url"), "httpUrl": data.get("web_url"),
                 "brokerName": data.get("name"), "topics": topics}
-
-    async def _unload_bundle(self, req: Request, bundle: Any) -> Response:
-        svc = self.service
-        owner = await _zk(svc.ownership.owner(bundle))
-        if owner is None:
-            return Response(204, b"")          # not owned by anyone: nothing to unload (as Pulsar)
-        if owner == svc.ownership.me:
-            await svc.unload_bundle(bundle)
-            return Response(204, b"")
-        if req.flag("forwarded"):
-            raise HttpError(503, f"bundle {bundle} is owned by {owner}, not this broker (ownership is moving)")
-        web = await self.web_url_of(f"pulsar://{owner}")
-        sub = Request("PUT", f"/admin/v2/namespaces/{bundle}/unload",
-                      ["admin", "v2", "namespaces", *str(bundle).split("/"), "unload"],
-                      {}, req.version, {}, False)
-        resp = await self._forward(sub, web, f"bundle {bundle}")
-        if resp.status >= 300:
-            raise HttpError(resp.status if resp.status >= 400 else 503,
-                            f"unloading {bundle} on {owner}: {resp.body[:200].decode(errors='replace')}")
-        return Response(204, b"")
 
     # -- lookup -----------------------------------------------------------------------
     async def lookup(self, topic: str, authoritative: bool = False) -> dict[str, str]:

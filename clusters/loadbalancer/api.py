@@ -33,6 +33,23 @@ class Assignment:
     message: str | None = None
 
 
+class UnloadRefused(Exception):
+    """An unload the load manager will not do: `status` is the admin API's answer (4xx: the request is
+    wrong, e.g. a transfer to the current owner; 503: retry later)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Route:
+    """Where an admin unload must go on from this broker: `to` the leader (the same request; `url` its
+    web URL) or the owner (a plain unload; `url` its <host>:<pulsar port>)."""
+    to: str
+    url: str
+
+
 class Ownership(Protocol):
     """This broker's view and control of bundle ownership, whatever keeps it (ZooKeeper locks for the
     modular load manager; the service-unit state channel for the extensible one)."""
@@ -116,8 +133,10 @@ class LoadManager(Protocol):
         """This broker's latest resource usage in percent: cpu, memory, directMemory, bandwidthIn,
         bandwidthOut (the pulsar_lb_*_usage gauges)."""
 
-    async def set_affinity(self, bundle: Bundle, broker_id: str) -> None:
-        """Unload with a destination: the next assignment of `bundle` goes to `broker_id`."""
+    async def unload(self, bundle: Bundle, destination: str | None) -> Route | None:
+        """The admin unload of `bundle`, a transfer to `destination` (a brokerId) when one is given: done
+        here (None), or the Route the request must take (the modular load manager sets a destination on
+        its leader, and only the owner closes a bundle's topics); UnloadRefused when it will not be done."""
 
     async def split(self, bundle: Bundle, algorithm: str | None, positions: list[int] | None,
                     unload: bool) -> list[Bundle]:

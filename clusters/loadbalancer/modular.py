@@ -30,7 +30,7 @@ from clusters.loadbalancer import splitting
 from clusters.loadbalancer.bundles import Bundle, BundleError, parse_range
 from clusters.loadbalancer.data import (LoadData, LocalBrokerData, NamespaceBundleStats, ResourceUsage,
                                         need_broker_data_update)
-from clusters.loadbalancer.api import Assignment
+from clusters.loadbalancer.api import Assignment, Route, UnloadRefused
 from clusters.loadbalancer.placement import make_placement_strategy, select_broker
 from clusters.loadbalancer.settings import LoadBalancerSettings
 from clusters.loadbalancer.shedding import make_shedding_strategy, placement_destination, plan_shedding
@@ -460,6 +460,24 @@ class ModularLoadManager:
 
     async def set_affinity(self, bundle: Bundle, broker_id: str) -> None:
         self.affinity[str(bundle)] = broker_id
+
+    async def unload(self, bundle: Bundle, destination: str | None) -> Route | None:
+        """A destination is bundle affinity on the leader (Pulsar's setNamespaceBundleAffinity), then the
+        owner unloads; the next lookup is assigned to the destination."""
+        if destination:
+            if not self._is_leader:
+                leader = await self.leader()
+                if leader is None or not leader.get("serviceUrl"):
+                    raise UnloadRefused(503, "no load-balancer leader now; retry")
+                return Route("leader", str(leader["serviceUrl"]))
+            await self.set_affinity(bundle, destination)
+        owner = await self.ownership.owner(bundle)
+        if owner is None:
+            return None                     # not owned by anyone: nothing to unload (as Pulsar)
+        if owner == self.ownership.me:
+            await self.service.unload_bundle(bundle)
+            return None
+        return Route("owner", owner)
 
     async def check_namespace_bundle_split(self) -> list[dict[str, Any]]:
         """The leader's BundleSplitterTask: split the bundles over Pulsar's thresholds, on their owners."""
