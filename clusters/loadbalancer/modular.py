@@ -28,14 +28,11 @@ from typing import Any
 from clusters.httpd import http_request
 from clusters.loadbalancer import splitting
 from clusters.loadbalancer.bundles import Bundle, BundleError, parse_range
-from clusters.loadbalancer.data import (LoadData, LocalBrokerData, NamespaceBundleStats, ResourceUsage,
-                                        need_broker_data_update)
 from clusters.loadbalancer.api import Assignment, Route, UnloadRefused
-from clusters.loadbalancer.placement import make_placement_strategy, select_broker
+from clusters.loadbalancer.data import LocalBrokerData, NamespaceBundleStats, ResourceUsage, need_broker_data_update
+from clusters.loadbalancer.modular_leader import ModularLeader
 from clusters.loadbalancer.settings import LoadBalancerSettings
-from clusters.loadbalancer.shedding import make_shedding_strategy, placement_destination, plan_shedding
 from clusters.loadbalancer.signals import HostUsage
-from clusters.loadbalancer.splitting import bundles_to_split
 from clusters.loadbalancer.zk_ownership import ZkOwnership
 from clusters.metadata.brokers import BROKERS_PATH, BrokerRegistry
 from clusters.metadata.store import NodeExists, NoNode
@@ -72,7 +69,6 @@ class ModularLoadManager:
         self.ownership.reactivate_on_failure = bool(service.bug("broker.reactivate_on_release_failure"))
         self.usage = HostUsage(service.io, cpu_cores=cfg.cpu_cores, memory_limit_mb=cfg.memory_limit_mb,
                                nic_speed_gbps=self.settings.loadBalancerOverrideBrokerNicSpeedGbps or cfg.nic_speed_gbps)
-        self.rng = random.Random()
         self._leader: dict[str, Any] | None = None
         self._is_leader = False
         self._written: Any = None                 # a copy of the LocalBrokerData last written
@@ -80,26 +76,19 @@ class ModularLoadManager:
         self._tasks: list[asyncio.Task] = []
         self._elect_lock = asyncio.Lock()
         self._stopped = False
-        self.brokers: dict[str, dict[str, Any]] = {}      # every live broker's registration (leader)
-        self.load_data: Any = None                        # data.LoadData (leader)
-        self.shedder: Any = None                          # the shedding strategy (keeps its state)
-        self.placement: Any = None                        # the placement strategy (keeps its state)
-        self.urls: dict[str, str] = {}                    # brokerId -> pulsarServiceUrl, of every broker seen
-        self.affinity: dict[str, str] = {}                # bundle -> brokerId (unload with destination)
-        self.recently_unloaded: dict[str, int] = {}       # bundle -> ms (the grace period)
         # this process's start (ms): the grace period is this process's memory (Pulsar's LoadData), so
         # its events name it and the ownership checker compares unloads of one incarnation only
         self.incarnation = _now_ms()
         self.decisions: deque[dict[str, Any]] = deque(maxlen=500)
         self.counters = {"unload_broker": 0, "unload_bundle": 0, "split": 0, "assign": 0}
-        # bug knobs (clusters/bugs.py)
-        self.shed_to_owner = bool(service.bug("lb.shed_to_owner"))
-        self.keep_preallocations = bool(service.bug("lb.keep_preallocations"))
+        # the leader's decisions, I/O-free (modular_leader.py); bug knobs of clusters/bugs.py
+        self.lead = ModularLeader(self.settings, random.Random(),
+                                  shed_to_owner=bool(service.bug("lb.shed_to_owner")),
+                                  keep_preallocations=bool(service.bug("lb.keep_preallocations")))
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
         await self.ownership.start()
-        self.load_data = LoadData()
         self.store.add_listener(self._on_session)
         await self._register()
         await self._elect()
@@ -294,8 +283,7 @@ class ModularLoadManager:
         if leader != self._is_leader:
             self._event("leader-change", elected=leader)
             if leader:
-                self.load_data = LoadData()
-                self.shedder = None
+                self.lead.forget()
         self._is_leader = leader
         if leader:
             self._leader = {"brokerId": self.broker_id, "serviceUrl": self.cfg.web_url}
@@ -343,59 +331,30 @@ class ModularLoadManager:
         broker = await self.select_broker(bundle)
         if broker is None or broker == self.broker_id:
             return Assignment()
-        url = self.urls.get(broker)          # a dead broker's too: only the knob keeps choosing those
+        url = self.lead.urls.get(broker)     # a dead broker's too: only the knob keeps choosing those
         if not url:
             return Assignment()
         return Assignment(url=url, authoritative=True)
 
     async def select_broker(self, bundle: Bundle) -> str | None:
-        """The leader's `selectBrokerForAssignment`: affinity first (unload with a destination), then a
-        preallocation, then the placement strategy over the live brokers (its choice preallocated)."""
+        """The leader's `selectBrokerForAssignment` over the live brokers (modular_leader.py)."""
         await self._refresh()
-        name = str(bundle)
-        if not self.brokers:
+        choice = self.lead.select(str(bundle))
+        if choice.reason == "no-brokers":
             return None
-        dest = self.affinity.pop(name, None)
-        if dest in self.brokers:
-            self._event("assign", bundle=name, destination=dest, reason="affinity")
-            return dest
-        decision = select_broker(name, sorted(self.brokers), self.load_data, self.settings, self.rng,
-                                 strategy=self._placement_strategy())
-        self.counters["assign"] += 1
-        self._event("assign", bundle=name, destination=decision.broker,
-                    reason="preallocated" if decision.reason == "preallocated" else "lookup",
-                    decision=decision.as_dict())
-        return decision.broker
-
-    def _placement_strategy(self) -> Any:
-        if self.placement is None:
-            self.placement = make_placement_strategy(self.settings)
-        return self.placement
+        if choice.reason != "affinity":
+            self.counters["assign"] += 1
+        extra = {"decision": choice.decision.as_dict()} if choice.decision is not None else {}
+        self._event("assign", bundle=str(bundle), destination=choice.broker, reason=choice.reason, **extra)
+        return choice.broker
 
     async def _refresh(self) -> None:
-        """updateAll: every live broker's report into the load data; dead brokers' data dropped (and
-        their preallocations released, unless the bug knob keeps them)."""
-        regs = await self.available_brokers()
-        reports: dict[str, Any] = {}
-        for b, doc in regs.items():
-            try:
-                reports[b] = LocalBrokerData.from_json(doc)
-            except Exception:  # noqa: BLE001 - a malformed report: the broker counts as without one
-                log.warning("malformed load report of %s", b)
-                reports[b] = None
-            if isinstance(doc.get("pulsarServiceUrl"), str):
-                self.urls[b] = doc["pulsarServiceUrl"]
-        self.brokers = {b: d for b, d in regs.items() if reports.get(b) is not None}
-        kept = dict(self.load_data.preallocated_bundle_to_broker) if self.keep_preallocations else {}
-        gone = self.load_data.update_all_broker_data(reports)
-        if gone:
-            self._event("brokers-gone", brokers=gone)
-        self.load_data.update_bundle_data()
-        if kept:
-            # bug knob lb.keep_preallocations (apache/pulsar#478): preallocations are never released,
-            # neither when the bundle shows in a report nor when the broker dies
-            for bundle, broker in kept.items():
-                self.load_data.preallocated_bundle_to_broker.setdefault(bundle, broker)
+        """updateAll: every live broker's report into the leader's load data."""
+        found = self.lead.refresh(await self.available_brokers())
+        for b in found.malformed:
+            log.warning("malformed load report of %s", b)
+        if found.gone:
+            self._event("brokers-gone", brokers=found.gone)
 
     # -- the leader's timers -----------------------------------------------------------------------
     async def _leader_loop(self) -> None:
@@ -419,13 +378,9 @@ class ModularLoadManager:
                 log.warning("load manager leader round: %s", e, exc_info=True)
 
     async def do_load_shedding(self) -> list[dict[str, Any]]:
-        """doLoadShedding: the strategy's bundles, each unloaded towards the placement's choice (never
-        the current owner, unless the bug knob), none twice within the grace period."""
-        if self.shedder is None:
-            self.shedder = make_shedding_strategy(self.settings)
-        select = placement_destination(self.load_data, self.settings, self.rng, strategy=self._placement_strategy())
-        plan = plan_shedding(self.load_data, self.shedder, self.recently_unloaded, _now_ms(), self.settings,
-                             select, skip_current_owner=not self.shed_to_owner)
+        """doLoadShedding: the leader's plan (modular_leader.py), each bundle unloaded towards its
+        destination."""
+        plan = self.lead.shed(_now_ms())
         self._event("shedding", plan=plan.as_dict())
         done = []
         for u in plan.unloads:
@@ -436,7 +391,7 @@ class ModularLoadManager:
                 self.counters["unload_bundle"] += 1
                 done.append({"bundle": u.bundle, "src": u.src, "dst": u.dst})
             except Exception as e:  # noqa: BLE001
-                self.recently_unloaded.pop(u.bundle, None)
+                self.lead.unload_failed(u.bundle)
                 log.warning("shedding %s from %s: %s", u.bundle, u.src, e)
         self.counters["unload_broker"] += len({d["src"] for d in done})
         return done
@@ -444,13 +399,13 @@ class ModularLoadManager:
     async def unload_with_destination(self, bundle: str, src: str, dst: str | None) -> None:
         """The leader sets the bundle's affinity, then asks the owner to unload it."""
         if dst:
-            self.affinity[bundle] = dst
+            self.lead.affinity[bundle] = dst
         namespace, rng = bundle.rsplit("/", 1)
         b = parse_range(namespace, rng)
         if src == self.broker_id:
             await self.service.unload_bundle(b)
             return
-        reg = self.brokers.get(src) or await self.registration(src)
+        reg = self.lead.registrations.get(src) or await self.registration(src)
         if reg is None:
             raise RuntimeError(f"broker {src} is not live")
         url = f"{reg.get('webServiceUrl') or reg.get('web_url')}/admin/v2/namespaces/{bundle}/unload"
@@ -459,7 +414,7 @@ class ModularLoadManager:
             raise RuntimeError(f"{url} answered {status}: {body[:200]!r}")
 
     async def set_affinity(self, bundle: Bundle, broker_id: str) -> None:
-        self.affinity[str(bundle)] = broker_id
+        self.lead.affinity[str(bundle)] = broker_id
 
     async def unload(self, bundle: Bundle, destination: str | None) -> Route | None:
         """A destination is bundle affinity on the leader (Pulsar's setNamespaceBundleAffinity), then the
@@ -480,24 +435,16 @@ class ModularLoadManager:
         return Route("owner", owner)
 
     async def check_namespace_bundle_split(self) -> list[dict[str, Any]]:
-        """The leader's BundleSplitterTask: split the bundles over Pulsar's thresholds, on their owners."""
-        if not (self.settings.loadBalancerAutoBundleSplitEnabled and len(self.brokers) > 1):
-            return []
-        counts: dict[str, int] = {}
-        for reg in self.brokers.values():
-            for name in reg.get("bundles") or []:
-                counts[name.rsplit("/", 1)[0]] = counts.get(name.rsplit("/", 1)[0], 0) + 1
+        """The leader's BundleSplitterTask: the bundles over Pulsar's thresholds split on their owners."""
         out = []
-        owners = {b: broker for broker, reg in self.brokers.items() for b in reg.get("bundles") or []}
-        for bundle, reason in bundles_to_split(self.load_data, self.settings, counts):
-            owner = owners.get(bundle)
-            self._event("split-decision", bundle=bundle, source=owner, reason=reason)
+        for sp in self.lead.splits():
+            self._event("split-decision", bundle=sp.bundle, source=sp.owner, reason=sp.reason)
             try:
-                await self._split_on_owner(bundle, owner)
+                await self._split_on_owner(sp.bundle, sp.owner)
                 self.counters["split"] += 1
-                out.append({"bundle": bundle, "owner": owner, "reason": reason})
+                out.append({"bundle": sp.bundle, "owner": sp.owner, "reason": sp.reason})
             except Exception as e:  # noqa: BLE001
-                log.warning("splitting %s on %s: %s", bundle, owner, e)
+                log.warning("splitting %s on %s: %s", sp.bundle, sp.owner, e)
         return out
 
     async def _split_on_owner(self, bundle: str, owner: str | None) -> None:
@@ -507,7 +454,7 @@ class ModularLoadManager:
         if owner == self.broker_id:
             await self.split(parse_range(namespace, rng), algo, None, unload)
             return
-        reg = self.brokers.get(owner or "")
+        reg = self.lead.registrations.get(owner or "")
         if reg is None:
             raise RuntimeError(f"owner {owner} of {bundle} is not live")
         url = (f"{reg.get('webServiceUrl')}/admin/v2/namespaces/{bundle}/split"
