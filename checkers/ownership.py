@@ -2,10 +2,13 @@
 namespace's boundaries partition the hash space; shedding never moves a bundle to its owner nor twice
 within the grace period; and no broker serves a topic while it does not hold the lock of its bundle.
 
-A pure function over a history holding the ownership recorder's rows (`core/observations.py`: process
--2, f `observe-*`, `bundle-lock`, `boundaries`, `lb-leader`, `lb-event`) and the clients' ops.
+A pure function over a history holding the bundle-owner observer's rows (`core/observations.py`: process
+-2, f `observe-*`, `bundle-owner` (or `bundle-lock`, in runs recorded before it), `boundaries`,
+`lb-leader`, `lb-event`) and the clients' ops. The rows are the same whichever load manager keeps
+ownership; below, "lock" is one ownership of a bundle by one broker (a ZooKeeper lock under the modular
+load manager, an Owned record of the state channel under the extensible one).
 
-The lock timeline. Each incarnation of a lock znode (its path and czxid) held by one broker is a
+The lock timeline. Each incarnation of a lock (its bundle and incarnation: the lock's czxid) held by one broker is a
 *segment* with two intervals, in the history's clock (the observer's local monotonic time):
 - certain: [first seen, last known held]: from the row that showed it (created, or present at a read of
   the whole tree) to the row that showed it gone, or the start of the gap in which it went, or the end of
@@ -74,7 +77,7 @@ from typing import Any
 
 from checkers.toolkit import Cases, OpRefs, anomalies_of, anomaly_stats, mid_tuple, percentile, verdict
 from core.history import INVOKE, NEMESIS_PROCESS, OBSERVER_PROCESS, OK, CheckResult, Op
-from core.observations import (BOUNDARIES, BROKER_REGISTRATION, BUNDLE_LOCK, CHANGED, CREATED, DELETED, FULL_LOWER, FULL_UPPER,
+from core.observations import (BOUNDARIES, BROKER_REGISTRATION, BUNDLE_LOCK, BUNDLE_OWNER, CHANGED, CREATED, DELETED, FULL_LOWER, FULL_UPPER,
                                GAP_END, GAP_START, LB_EVENT, LB_LEADER, OBSERVE_START, OBSERVE_STOP, PRESENT,
                                covers, overlap, parse_bundle_name, range_name, topic_hash)
 
@@ -264,7 +267,7 @@ class _OwnershipCheck(OpRefs):
             if self.in_gap is not None:
                 self.in_gap[1] = t
                 self.in_gap = None
-        elif f == BUNDLE_LOCK:
+        elif f in (BUNDLE_OWNER, BUNDLE_LOCK):         # bundle-lock: runs recorded before bundle-owner
             self.lock_rows += 1
             self._lock(op, v)
         elif f == BOUNDARIES:
@@ -293,7 +296,8 @@ class _OwnershipCheck(OpRefs):
             if seg is not None:
                 self._end(path, seg, t, gap, row, "deleted")
             return
-        if seg is not None and (seg.czxid != v.get("czxid") or self.canon(v.get("broker")) != seg.broker):
+        incarnation = v.get("incarnation", v.get("czxid"))
+        if seg is not None and (seg.czxid != incarnation or self.canon(v.get("broker")) != seg.broker):
             # a new incarnation (its deletion unseen) or the value now names another broker
             self._end(path, seg, t, gap, row, "replaced" if ev != CHANGED else "value changed")
             seg = None
@@ -313,7 +317,7 @@ class _OwnershipCheck(OpRefs):
                 self.lags.append(lag_ns)
             p0, how = t - lag_ns, ev or "created"
         broker = self.canon(v.get("broker"))
-        seg = Segment(ns, (rng[0], rng[1]), broker, str(v.get("broker")), v.get("czxid"), v.get("session"),
+        seg = Segment(ns, (rng[0], rng[1]), broker, str(v.get("broker")), incarnation, v.get("session"),
                       t, p0, row, how)
         self.open[path] = seg
         self.segments.append(seg)

@@ -11,15 +11,22 @@ monotonic time at which the observer learnt it (the same clock as every other op
   conservative lower bound: the observer learns of a dead connection late) the observer may miss or
   mis-time changes, until the next `observe-gap-end` {"session"} (written once a full re-read ended).
 - `observe-stop` {"events", "reason"}: watching ended; nothing after it is observed.
-- `bundle-lock` key = the lock's path `/namespace/<tenant>/<ns>/0xLLLLLLLL_0xUUUUUUUU`;
-  {"event": present | created | changed | deleted, "namespace", "range": [lower, upper] (the name's
-  two numbers; the lock covers [lower, upper), the last one [lower, 0xffffffff]), "broker" (the value's
-  "broker"), "czxid", "mzxid", "version", "session" (ephemeralOwner, hex), "ctime_ms", "mtime_ms"
+- `bundle-owner` key = the bundle `<tenant>/<ns>/0xLLLLLLLL_0xUUUUUUUU`: who owns it, whatever keeps
+  ownership (the load manager's source, harness/observers.py); {"event": present | created | changed |
+  deleted, "source": "zk-lock" (the modular load manager's ZooKeeper lock) | "channel" (the extensible
+  one's service-unit state channel), "namespace", "range": [lower, upper] (the name's two numbers; the
+  bundle covers [lower, upper), the last one [lower, 0xffffffff]), "broker" (the owner), "incarnation"
+  (one ownership of the bundle by one broker: the lock's czxid; the channel record's versionId that
+  made it), "session" (the owner's ZooKeeper session keeping it, hex; null on the channel), and the
+  source's own fields}; `deleted`: nobody owns it now. A `zk-lock` row adds the lock's path ("path"),
+  "czxid", "mzxid", "version", "session" (ephemeralOwner, hex), "ctime_ms", "mtime_ms"
   (ZooKeeper's wall clock), "wall_ms" (the observer's wall clock when it read this: wall_ms - mtime_ms
   is how late it learnt of the change, on one machine), "zxid" (the client's last zxid when it read
-  this), "data" (the value, text, capped)}.
+  this), "data" (the value, text, capped).
   `present`: found by a (re-)read of the whole tree, so it existed at some unknown time before.
   `deleted`: gone; a deletion found by a re-read after a gap happened somewhere in the gap.
+- `bundle-lock`, key = the lock's path: the same fields without source, incarnation and path; what runs
+  recorded before `bundle-owner` rows (still read).
 - `boundaries` key = `/admin/local-policies/<tenant>/<ns>`; {"event", "namespace", "boundaries": [ints]
   or null when the value holds none, "num_bundles", "czxid", "mzxid", "version", "zxid", "data"}.
 - `broker-registration` key = `/loadbalance/brokers/<brokerId>` (ephemeral: the broker's live ZooKeeper
@@ -42,12 +49,13 @@ OBSERVE_START = "observe-start"
 GAP_START = "observe-gap-start"
 GAP_END = "observe-gap-end"
 OBSERVE_STOP = "observe-stop"
-BUNDLE_LOCK = "bundle-lock"
+BUNDLE_OWNER = "bundle-owner"
+BUNDLE_LOCK = "bundle-lock"                         # runs recorded before bundle-owner rows
 BOUNDARIES = "boundaries"
 LB_LEADER = "lb-leader"
 LB_EVENT = "lb-event"
 BROKER_REGISTRATION = "broker-registration"
-OBSERVATION_FS = frozenset({OBSERVE_START, GAP_START, GAP_END, OBSERVE_STOP, BUNDLE_LOCK, BOUNDARIES,
+OBSERVATION_FS = frozenset({OBSERVE_START, GAP_START, GAP_END, OBSERVE_STOP, BUNDLE_OWNER, BUNDLE_LOCK, BOUNDARIES,
                             LB_LEADER, LB_EVENT, BROKER_REGISTRATION})
 
 PRESENT, CREATED, CHANGED, DELETED = "present", "created", "changed", "deleted"

@@ -18,10 +18,10 @@ import time
 from typing import Any
 
 from core.history import OBSERVER_PROCESS, OK, Journal, Op
-from core.observations import (BOUNDARIES, BROKER_REGISTRATION, BROKERS_PATH, BUNDLE_LOCK, CHANGED, CREATED, DELETED, GAP_END, GAP_START,
+from core.observations import (BOUNDARIES, BROKER_REGISTRATION, BROKERS_PATH, BUNDLE_OWNER, CHANGED, CREATED, DELETED, GAP_END, GAP_START,
                                LB_LEADER, LB_LEADER_PATH, LOCAL_POLICIES_ROOT, NAMESPACE_ROOT, OBSERVE_START,
                                OBSERVE_STOP, PRESENT, broker_of, namespace_of_policies, parse_boundaries,
-                               parse_bundle_path)
+                               parse_bundle_path, range_name)
 
 log = logging.getLogger("pulsar_chaos.recorder")
 
@@ -36,7 +36,7 @@ STOP_JOIN_S = 10.0
 
 # (root, depth of the znodes journaled below it, f); depth 0: the root itself
 ROOTS: tuple[tuple[str, int, str], ...] = (
-    (NAMESPACE_ROOT, 3, BUNDLE_LOCK),
+    (NAMESPACE_ROOT, 3, BUNDLE_OWNER),
     (LOCAL_POLICIES_ROOT, 2, BOUNDARIES),
     (LB_LEADER_PATH, 0, LB_LEADER),
     (BROKERS_PATH, 1, BROKER_REGISTRATION),       # existence only: the value is a load report
@@ -131,6 +131,8 @@ class OwnershipRecorder:
     # ------------------------------------------------------------------------------------ journal
 
     def _row(self, key: str, f: str, value: dict[str, Any]) -> None:
+        if f == BUNDLE_OWNER and value.get("namespace") and value.get("range"):
+            key = f"{value['namespace']}/{range_name(*value['range'])}"     # the bundle, not the lock's path
         if self.events >= self.max_events and f not in (OBSERVE_STOP,):
             if not self._overflow:
                 self._overflow = True
@@ -344,12 +346,13 @@ class OwnershipRecorder:
         old = self._seen.pop(path, None)
         if old is None:
             return
-        value = {k: old.get(k) for k in ("namespace", "range", "broker", "boundaries", "num_bundles", "czxid",
-                                          "mzxid", "version", "session") if k in old}
+        value = {k: old.get(k) for k in ("source", "namespace", "range", "broker", "incarnation", "path",
+                                          "boundaries", "num_bundles", "czxid", "mzxid", "version", "session")
+                 if k in old}
         value["event"] = DELETED
         value["zxid"] = self._zxid()
         r = self._root_of(path)
-        self._row(path, r[2] if r else BUNDLE_LOCK, value)
+        self._row(path, r[2] if r else BUNDLE_OWNER, value)
 
     def _zxid(self) -> int | None:
         zk = self._zk
@@ -358,11 +361,14 @@ class OwnershipRecorder:
     def _value(self, path: str, f: str, event: str, data: bytes | None, stat: Any) -> dict[str, Any]:
         text = (data or b"").decode("utf-8", "replace")
         v: dict[str, Any] = {"event": event}
-        if f == BUNDLE_LOCK:
+        if f == BUNDLE_OWNER:
             parsed = parse_bundle_path(path)
+            v["source"] = "zk-lock"
             v["namespace"] = parsed[0] if parsed else None
             v["range"] = list(parsed[1]) if parsed and parsed[1] else None
             v["broker"] = broker_of(text)
+            v["incarnation"] = stat.czxid
+            v["path"] = path
         elif f == BOUNDARIES:
             v["namespace"] = namespace_of_policies(path)
             b, n = parse_boundaries(text)

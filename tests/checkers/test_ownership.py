@@ -8,7 +8,7 @@ import pytest
 from checkers import REGISTRY, observers
 from checkers.ownership import check, covers, overlap, topic_hash
 from core.history import OBSERVER_PROCESS, MessageId, Op
-from core.observations import (BOUNDARIES, BROKER_REGISTRATION, BUNDLE_LOCK, GAP_END, GAP_START, LB_EVENT, OBSERVE_START,
+from core.observations import (BOUNDARIES, BROKER_REGISTRATION, BUNDLE_LOCK, BUNDLE_OWNER, GAP_END, GAP_START, LB_EVENT, OBSERVE_START,
                                OBSERVE_STOP)
 
 S = 1_000_000_000
@@ -56,17 +56,26 @@ class H:
     def obs(self, at: float, f: str, key: str = "", value: dict | None = None) -> Op:
         return self.add(Op(process=OBSERVER_PROCESS, type="ok", f=f, key=key, value=value or {}), at)
 
+    # rows as the bundle-owner observer writes them (`legacy`: a run's bundle-lock rows from before it)
+    legacy = False
+
+    def _owner_row(self, at: float, rng: tuple[int, int], value: dict) -> Op:
+        path = f"/namespace/{NS}/0x{rng[0]:08x}_0x{rng[1]:08x}"
+        if self.legacy:
+            return self.obs(at, BUNDLE_LOCK, path, value)
+        return self.obs(at, BUNDLE_OWNER, f"{NS}/0x{rng[0]:08x}_0x{rng[1]:08x}",
+                        {**value, "source": "zk-lock", "path": path, "incarnation": value["czxid"]})
+
     def lock(self, at: float, rng: tuple[int, int], broker: str, event: str = "created") -> Op:
         self.czxid += 1
         self.locks[rng] = (self.czxid, broker)
-        return self.obs(at, BUNDLE_LOCK, f"/namespace/{NS}/0x{rng[0]:08x}_0x{rng[1]:08x}",
-                        {"event": event, "namespace": NS, "range": list(rng), "broker": broker,
-                         "czxid": self.czxid, "session": "0x1"})
+        return self._owner_row(at, rng, {"event": event, "namespace": NS, "range": list(rng), "broker": broker,
+                                         "czxid": self.czxid, "session": "0x1"})
 
     def unlock(self, at: float, rng: tuple[int, int]) -> Op:
         czxid, broker = self.locks.pop(rng)
-        return self.obs(at, BUNDLE_LOCK, f"/namespace/{NS}/0x{rng[0]:08x}_0x{rng[1]:08x}",
-                        {"event": "deleted", "namespace": NS, "range": list(rng), "broker": broker, "czxid": czxid})
+        return self._owner_row(at, rng, {"event": "deleted", "namespace": NS, "range": list(rng), "broker": broker,
+                                         "czxid": czxid})
 
     def registration(self, at: float, broker: str, event: str = "present", czxid: int = 1) -> Op:
         return self.obs(at, BROKER_REGISTRATION, f"/loadbalance/brokers/{broker}",
@@ -133,7 +142,9 @@ def test_a_clean_handoff_is_valid():
     assert {s["broker"] for s in r.stats["timeline"]} == {"broker-1", "broker-2"}     # host:port mapped
 
 
-def test_a_split_child_owned_while_its_parent_is_held_is_a_double_owner():
+@pytest.mark.parametrize("legacy", [False, True], ids=["bundle-owner-rows", "bundle-lock-rows"])
+def test_a_split_child_owned_while_its_parent_is_held_is_a_double_owner(legacy, monkeypatch):
+    monkeypatch.setattr(H, "legacy", legacy)
     r = check(_handoff(overlapping=True).ops)
     assert r.valid is False
     (case,) = r.anomalies["double-owner"]

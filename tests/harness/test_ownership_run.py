@@ -14,7 +14,7 @@ import pytest
 
 from core import store
 from core.history import read_jsonl
-from core.observations import BROKER_REGISTRATION, BUNDLE_LOCK, OBSERVE_START, OBSERVE_STOP
+from core.observations import BROKER_REGISTRATION, BUNDLE_OWNER, OBSERVE_START, OBSERVE_STOP
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +34,7 @@ def test_a_zk_isolate_run_records_ownership_and_is_valid(tmp_path):
     rows = list(read_jsonl(run_dir / store.JOURNALS / "ownership.jsonl"))
     fs = [op.f for op in rows]
     assert fs[0] == OBSERVE_START and fs[-1] == OBSERVE_STOP
-    assert fs.count(BUNDLE_LOCK) >= 2 and fs.count(BROKER_REGISTRATION) >= 2
+    assert fs.count(BUNDLE_OWNER) >= 2 and fs.count(BROKER_REGISTRATION) >= 2
     assert own["valid"] is True
     st = own["stats"]
     assert st["served_judged"] > 100 and set(st["segments_by_broker"]) <= {"broker-1", "broker-2"}

@@ -19,7 +19,7 @@ from checkers import select
 from checkers.ownership import check
 from core import store
 from core.history import OBSERVER_PROCESS, Journal, Op, read_jsonl
-from core.observations import BUNDLE_LOCK, GAP_END, GAP_START, OBSERVE_START, OBSERVE_STOP
+from core.observations import BUNDLE_OWNER, GAP_END, GAP_START, OBSERVE_START, OBSERVE_STOP
 from core.spec import TestSpec as Spec
 from harness import recorder, runner
 from tests.conftest import fresh_chroot
@@ -73,7 +73,8 @@ class _Recording:
         self.journal.close()
 
     def seen(self, path: str, event: str) -> bool:
-        return any(op.key == path and op.value.get("event") == event for op in _rows(self.path, BUNDLE_LOCK))
+        return any(op.value.get("path") == path and op.value.get("event") == event
+                   for op in _rows(self.path, BUNDLE_OWNER))
 
 
 def _scenario(zk: str, tmp: Path, overlapping: bool) -> list[Op]:
@@ -120,11 +121,14 @@ def test_sequential_owners_are_valid(zk_server, tmp_path):
     h = _scenario(zk, tmp_path, overlapping=False)
     starts = [op for op in h if op.f == OBSERVE_START]
     assert len(starts) == 1 and starts[0].process == OBSERVER_PROCESS
-    locks = [(op.key, op.value["event"], op.value["broker"]) for op in h if op.f == BUNDLE_LOCK]
+    locks = [(op.value["path"], op.value["event"], op.value["broker"]) for op in h if op.f == BUNDLE_OWNER]
     assert locks == [(LOW, "present", "127.0.0.1:6650"), (LOW, "deleted", "127.0.0.1:6650"),
                      (QUARTER, "created", "127.0.0.2:6650"), (QUARTER, "deleted", "127.0.0.2:6650")]
-    created = next(op for op in h if op.f == BUNDLE_LOCK and op.value["event"] == "created")
+    created = next(op for op in h if op.f == BUNDLE_OWNER and op.value["event"] == "created")
     assert created.value["czxid"] > 0 and created.value["session"].startswith("0x")
+    # neutral rows: keyed by the bundle, the lock's czxid its incarnation
+    assert created.key == QUARTER.split("/", 2)[2] and created.value["source"] == "zk-lock"
+    assert created.value["incarnation"] == created.value["czxid"]
     assert h[-1].f == OBSERVE_STOP
     r = check(h, {"tolerance_s": 0.02})
     assert r.valid is True, r.anomalies
@@ -256,7 +260,7 @@ def test_the_runner_records_for_the_ownership_checker(zk_server, tmp_path):
             path = run_dir / "journals" / recorder.JOURNAL_NAME
             _lock(b1, LOW, 1)
             _lock(b2, QUARTER, 2)                     # a child owned by another broker: double owner
-            _until(lambda: sum(op.f == BUNDLE_LOCK for op in _rows(path)) == 2, "both locks")
+            _until(lambda: sum(op.f == BUNDLE_OWNER for op in _rows(path)) == 2, "both locks")
             time.sleep(0.2)
             raise RuntimeError("the workload stops here")   # the runner must still stop the recorder
 
