@@ -440,6 +440,7 @@ class _Handle:
         self.closed = False
         self.failed: PulsarClientError | None = None
         self._reconnect: asyncio.Task | None = None
+        self.reconnects = 0             # times it got back after a disconnect
 
     def _disconnected(self, conn: _Connection, why: str) -> None:
         if conn is not self.conn or self.closed:
@@ -456,6 +457,7 @@ class _Handle:
         while not self.closed and self.conn is None:
             try:
                 await self._connect(first=False)
+                self.reconnects += 1
                 return
             except ServerError as e:
                 last = e

@@ -177,6 +177,7 @@ def test_write_keyed_messages_and_read_them_back_across_an_unload(broker):
             await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(broker.service.unload(topic), broker.loop))
             ids += [await p.send(b"m%d" % i, key=f"k{i % 3}") for i in range(30, 40)]
             got += [await r.read_next(10) for _ in range(25)]
+            assert r.reconnects == 1 and p.reconnects == 1
             assert [g[2] for g in got] == [b"m%d" % i for i in range(40)]
             assert [g[1] for g in got] == [f"k{i % 3}" for i in range(40)]
             assert [g[0] for g in got] == ids
