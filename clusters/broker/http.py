@@ -20,6 +20,10 @@ Routes ({t}/{ns}: tenant/namespace; {topic}: the local name; {bundle}: 0xLLLLLLL
                                                        {"brokerUrl", "httpUrl", "nativeUrl", ...}: the
                                                         owner (a redirect is followed here)
     GET  /lookup/v2/topic/persistent/{t}/{ns}/{topic}/bundle   "0xLLLLLLLL_0xUUUUUUUU": its bundle
+                                                       (also /lookup/v2/topic/non-persistent/...)
+    GET  /admin/v2/non-persistent/{t}/{ns}             the active non-persistent topics loaded here
+    GET  /admin/v2/non-persistent/{t}/{ns}/{topic}/stats   NonPersistentTopicStats, from the owner
+    PUT  /admin/v2/non-persistent/{t}/{ns}/{topic}/unload  close it on its owner (what it held is gone)
     GET  /admin/v2/persistent/{t}/{ns}                 topics of the namespace (partitions listed)
     GET  /admin/v2/persistent/{t}/{ns}/partitioned     partitioned topics of the namespace
     PUT  /admin/v2/persistent/{t}/{ns}/{topic}         create a non-partitioned topic (409 if it exists)
