@@ -35,8 +35,9 @@ What it does, over clusters/protocol/frames.py and PulsarApi_pb2:
 Every wait is bounded: connecting (`connect_timeout`), every request (`operation_timeout`), sends
 (`send_timeout`), reconnecting (`reconnect_timeout`: after that the producer or reader fails with
 the last error). Errors are PulsarClientError subclasses with one clear line: ServerError (the
-broker's code name and message), ProtocolViolation (a malformed answer: the connection is closed),
-ClientTimeout, ConnectionClosed, UnsupportedMessage.
+broker's code name and message), ProtocolViolation (a malformed answer: the connection is closed;
+a MESSAGE whose payload is malformed or fails its checksum fails the reader instead: `read_next`
+raises it after the messages before it), ClientTimeout, ConnectionClosed, UnsupportedMessage.
 """
 from __future__ import annotations
 
@@ -668,6 +669,18 @@ class Reader(_Handle):
             pass
 
     def _on_message(self, conn: _Connection, m: pb.CommandMessage, section: bytes) -> None:
+        """A MESSAGE whose payload cannot be read fails the reader (read_next raises it): reading on
+        would skip it silently, and reconnecting would only get it again."""
+        if self._error is not None:
+            return
+        try:
+            self._take(m, section)
+        except PulsarClientError as e:
+            self._error = e
+            log.warning("%s", e)
+            self._wakeup.set()
+
+    def _take(self, m: pb.CommandMessage, section: bytes) -> None:
         try:
             info = frames.parse_payload(section)
         except frames.ProtocolError as e:
@@ -679,11 +692,9 @@ class Reader(_Handle):
         partition = m.message_id.partition
         payload = section[info.payload_offset:]
         if md.compression != pb.NONE:
-            self._error = UnsupportedMessage(
+            raise UnsupportedMessage(
                 f"{self}: entry ({ledger}, {entry}) is compressed with {pb.CompressionType.Name(md.compression)}; "
                 "this client reads uncompressed messages only")
-            self._wakeup.set()
-            return
         if md.HasField("num_messages_in_batch"):
             try:
                 parts = frames.split_batch(payload, md.num_messages_in_batch)
@@ -710,7 +721,7 @@ class Reader(_Handle):
         timeout = self.client.operation_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while not self._queue:
-            if self._error is not None:
+            if self._error is not None:        # after the messages before the bad one
                 raise self._error
             if self.failed is not None:
                 raise self.failed

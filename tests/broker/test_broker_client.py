@@ -12,7 +12,7 @@ import pulsar
 import pytest
 
 from clusters.broker.client import (ClientTimeout, MessageId, ProtocolViolation, PulsarClient,
-                                    PulsarClientError, ServerError)
+                                    PulsarClientError, ServerError, UnsupportedMessage)
 from clusters.protocol import PulsarApi_pb2 as pb
 from clusters.protocol import frames
 from tests.broker.memory import BrokerThread
@@ -151,6 +151,62 @@ def test_bad_arguments_are_refused():
     run(go())
 
 
+def test_a_message_failing_its_checksum_fails_the_reader_after_the_good_ones():
+    """MESSAGE frames from a fake broker: one good, one whose payload fails its CRC-32C; read_next
+    gives the good one, then raises ProtocolViolation (it does not skip the bad one silently)."""
+    port_box: list[int] = []
+
+    def message(payload: bytes, entry: int, corrupt: bool) -> bytes:
+        md = pb.MessageMetadata(producer_name="x", sequence_id=entry, publish_time=1)
+        body = frames.build_entry(md, payload)
+        if corrupt:
+            body = body[:-1] + bytes([body[-1] ^ 0xFF])
+        cmd = T(type=T.MESSAGE)
+        cmd.message.consumer_id = consumer_id[0]
+        cmd.message.message_id.ledgerId = 5
+        cmd.message.message_id.entryId = entry
+        return frames.encode_payload_command(cmd, body)
+
+    consumer_id = [0]
+
+    def answer(seen):
+        cmd = seen[-1]
+        if cmd.type == T.CONNECT:
+            return connected()
+        if cmd.type == T.LOOKUP:
+            r = T(type=T.LOOKUP_RESPONSE)
+            r.lookupTopicResponse.request_id = cmd.lookupTopic.request_id
+            r.lookupTopicResponse.response = pb.CommandLookupTopicResponse.Connect
+            r.lookupTopicResponse.brokerServiceUrl = f"pulsar://127.0.0.1:{port_box[0]}"
+            return frames.encode_command(r)
+        if cmd.type == T.SUBSCRIBE:
+            consumer_id[0] = cmd.subscribe.consumer_id
+            r = T(type=T.SUCCESS)
+            r.success.request_id = cmd.subscribe.request_id
+            return frames.encode_command(r)
+        if cmd.type == T.FLOW:
+            return message(b"good", 0, False) + message(b"bad", 1, True)
+        if cmd.type == T.CLOSE_CONSUMER:
+            r = T(type=T.SUCCESS)
+            r.success.request_id = cmd.close_consumer.request_id
+            return frames.encode_command(r)
+        return None
+
+    async def go():
+        server, port = await fake_server(answer)
+        port_box.append(port)
+        client = PulsarClient(f"pulsar://127.0.0.1:{port}", operation_timeout=3)
+        try:
+            r = await client.create_reader("persistent://public/default/x")
+            assert await r.read_next(3) == (MessageId(5, 0, -1, -1), None, b"good")
+            with pytest.raises(ProtocolViolation, match="checksum mismatch"):
+                await r.read_next(3)
+        finally:
+            await client.close()
+            server.close()
+    run(go())
+
+
 @pytest.fixture(scope="module")
 def broker():
     b = BrokerThread().start()
@@ -194,6 +250,22 @@ def test_write_keyed_messages_and_read_them_back_across_an_unload(broker):
         got = [rd.read_next(5000) for _ in range(40)]
         assert [m.data() for m in got] == [b"m%d" % i for i in range(40)]
         assert [m.partition_key() for m in got] == [f"k{i % 3}" for i in range(40)]
+
+
+def test_a_compressed_message_is_refused_clearly(broker):
+    topic = f"persistent://public/default/bz-{uuid.uuid4().hex[:8]}"
+    with pulsar_client(broker.url) as c:
+        c.create_producer(topic, compression_type=pulsar.CompressionType.LZ4).send(b"z" * 100)
+
+    async def go():
+        client = PulsarClient(broker.url, operation_timeout=10)
+        try:
+            r = await client.create_reader(topic)
+            with pytest.raises(UnsupportedMessage, match="compressed with LZ4"):
+                await r.read_next(5)
+        finally:
+            await client.close()
+    run(go())
 
 
 def test_reads_uncompressed_batches_written_by_the_official_client(broker):
