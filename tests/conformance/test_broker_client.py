@@ -13,16 +13,25 @@ import uuid
 import pulsar
 
 from clusters.broker.client import PulsarClient
-from tests.conformance.conftest import rest_path
+from tests.conformance.conftest import owner_of, rest_path
 
 
 def run(coro, timeout: float = 60):
     return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
-def unload_bundle_of(admin, topic: str) -> None:
+def unload_bundle_of(admin, topic: str, *, move: bool = False) -> str | None:
+    """Unload the topic's bundle; `move`: to the other broker (destinationBroker), whose name is
+    returned."""
     bundle = admin.ok("GET", f"/lookup/v2/topic/{rest_path(topic)}/bundle")
-    admin.ok("PUT", f"/admin/v2/namespaces/public/default/{bundle}/unload")
+    query, dest = "", None
+    if move:
+        names = [n.name for n in admin.cluster.nodes("broker")]
+        other = 1 - names.index(owner_of(admin, topic))
+        dest = names[other]
+        query = "?destinationBroker=" + admin.cluster.admin_urls[other].split("://", 1)[1]
+    admin.ok("PUT", f"/admin/v2/namespaces/public/default/{bundle}/unload{query}")
+    return dest
 
 
 def test_keyed_writes_read_back_in_order_and_the_reader_follows_an_unload(cluster, admin, client, topic):
@@ -35,10 +44,11 @@ def test_keyed_writes_read_back_in_order_and_the_reader_follows_an_unload(cluste
             ids = [await p.send(b"v%d" % i, key=f"k{i % 7}") for i in range(n)]
             r = await c.create_reader(topic, start="earliest", receiver_queue_size=50)
             got = [await r.read_next(10) for _ in range(n // 2)]
-            unload_bundle_of(admin, topic)                   # the bundle gets an owner afresh
+            dest = unload_bundle_of(admin, topic, move=True)   # the bundle moves to the other broker
             ids += [await p.send(b"v%d" % i, key=f"k{i % 7}") for i in range(n, n + 50)]
             got += [await r.read_next(15) for _ in range(n // 2 + 50)]
             assert r.reconnects >= 1 and p.reconnects >= 1, (r.reconnects, p.reconnects)
+            assert owner_of(admin, topic) == dest
             return ids, got
         finally:
             await c.close()

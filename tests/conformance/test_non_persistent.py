@@ -33,9 +33,18 @@ def drain(consumer, timeout_ms: int = 500) -> list[bytes]:
             return out
 
 
-def unload_bundle_of(admin, topic: str) -> None:
+def unload_bundle_of(admin, topic: str, *, move: bool = False) -> str | None:
+    """Unload the topic's bundle; `move`: to the other broker (destinationBroker), whose name is
+    returned."""
     bundle = admin.ok("GET", f"/lookup/v2/topic/{rest_path(topic)}/bundle")
-    admin.ok("PUT", f"/admin/v2/namespaces/public/default/{bundle}/unload")
+    query, dest = "", None
+    if move:
+        names = [n.name for n in admin.cluster.nodes("broker")]
+        other = 1 - names.index(owner_of(admin, topic))
+        dest = names[other]
+        query = "?destinationBroker=" + admin.cluster.admin_urls[other].split("://", 1)[1]
+    admin.ok("PUT", f"/admin/v2/namespaces/public/default/{bundle}/unload{query}")
+    return dest
 
 
 def broker_index(admin, topic: str) -> int:
@@ -89,16 +98,17 @@ def test_no_replay_for_a_late_subscriber_and_a_disconnected_consumer_misses_mess
         x.close()
 
 
-def test_nothing_is_kept_across_an_unload_of_the_bundle(client, admin, np_topic):
+@pytest.mark.parametrize("move", [False, True], ids=["unload", "move-to-the-other-broker"])
+def test_nothing_is_kept_across_an_unload_of_the_bundle(client, admin, np_topic, move):
     """NonPersistentTopic.close on an unload: the topic and whatever it held are gone; the clients
-    look it up again (maybe on another broker) and go on with new messages only; a new consumer or
-    reader sees nothing of the old ones, and the stats start from zero."""
+    look it up again (on the same or, `move`, the other broker) and go on with new messages only; a
+    new consumer or reader sees nothing of the old ones, and the stats start from zero."""
     c = client.subscribe(np_topic, "s", consumer_type=pulsar.ConsumerType.Shared)
     p = client.create_producer(np_topic, batching_enabled=False)
     for i in range(20):
         p.send(b"old%d" % i)
     assert len(drain(c)) == 20
-    unload_bundle_of(admin, np_topic)
+    dest = unload_bundle_of(admin, np_topic, move=move)
     fresh = client.subscribe(np_topic, "fresh", initial_position=pulsar.InitialPosition.Earliest)
     reader = client.create_reader(np_topic, pulsar.MessageId.earliest)
     assert drain(fresh) == [] and drain(reader) == []
@@ -107,6 +117,8 @@ def test_nothing_is_kept_across_an_unload_of_the_bundle(client, admin, np_topic)
     assert wait_for(lambda: drain(c, 200) == [b"new"] or None, 15, what="the old consumer to get 'new'")
     stats = admin.ok("GET", f"/admin/v2/{rest_path(np_topic)}/stats")
     assert stats["msgInCounter"] == 1, stats["msgInCounter"]
+    if move:
+        assert owner_of(admin, np_topic) == dest
     for x in (c, fresh, reader, p):
         x.close()
 
