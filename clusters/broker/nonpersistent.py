@@ -23,7 +23,7 @@ import logging
 import time
 from typing import Any
 
-from clusters.broker.selectors import ConsistentHashSelector, partition_index, pick_active
+from clusters.broker.selectors import ConsistentHashSelector, pick_active
 from clusters.broker.topic import (ACCESS_MODE_NAMES, SUB_TYPE_NAMES, BrokerServiceError, Consumer,
                                    ConsumerBusy, EntryInfo, NotAllowed, Producer, ProducerBusy,
                                    ProducerFenced, not_served)
