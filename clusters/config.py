@@ -115,6 +115,9 @@ class BrokerConfig(NodeConfig):
     # namespaces' default, 0: never by threshold) and brokerServiceCompactionMonitorIntervalInSeconds
     compaction_threshold: int = 0
     compaction_monitor_interval_s: float = 60.0
+    # non-persistent:// topics (clusters/broker/nonpersistent.py): enableNonPersistentTopics; false
+    # refuses their producers and consumers with NotAllowedError
+    enable_non_persistent_topics: bool = True
 
     def __post_init__(self) -> None:
         # the setting under Pulsar's name, when given, is the bundles of a new namespace

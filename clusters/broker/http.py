@@ -20,6 +20,10 @@ Routes ({t}/{ns}: tenant/namespace; {topic}: the local name; {bundle}: 0xLLLLLLL
                                                        {"brokerUrl", "httpUrl", "nativeUrl", ...}: the
                                                         owner (a redirect is followed here)
     GET  /lookup/v2/topic/persistent/{t}/{ns}/{topic}/bundle   "0xLLLLLLLL_0xUUUUUUUU": its bundle
+                                                       (also /lookup/v2/topic/non-persistent/...)
+    GET  /admin/v2/non-persistent/{t}/{ns}             the active non-persistent topics loaded here
+    GET  /admin/v2/non-persistent/{t}/{ns}/{topic}/stats   NonPersistentTopicStats, from the owner
+    PUT  /admin/v2/non-persistent/{t}/{ns}/{topic}/unload  close it on its owner (what it held is gone)
     GET  /admin/v2/persistent/{t}/{ns}                 topics of the namespace (partitions listed)
     GET  /admin/v2/persistent/{t}/{ns}/partitioned     partitioned topics of the namespace
     PUT  /admin/v2/persistent/{t}/{ns}/{topic}         create a non-partitioned topic (409 if it exists)
@@ -182,11 +186,11 @@ class AdminHttpServer(HttpServer):
         if s[:2] == ["lookup", "v2"]:
             if len(s) == 8 and s[2] == "topic" and s[7] == "bundle":
                 _allow(req, "a topic's bundle", "GET")
-                topic = self._topic(s[3], s[4:7])
+                topic = self._topic(s[3], s[4:7], self.cfg)
                 return Response(200, (await _zk(self.service.ownership.bundle_for(topic))).range_name)
             if len(s) >= 7 and s[2] == "topic":
                 _allow(req, "a topic lookup", "GET")
-                topic = self._topic(s[3], s[4:])
+                topic = self._topic(s[3], s[4:], self.cfg)
                 return Response(200, await self.lookup(topic, req.flag("authoritative")))
         elif s[:3] == ["admin", "v2", "brokers"]:
             return await self._brokers(req, s[3:])
@@ -205,16 +209,17 @@ class AdminHttpServer(HttpServer):
         raise HttpError(404, f"no such resource: {req.path[:200]}")
 
     @staticmethod
-    def _topic(domain: str, parts: list[str]) -> str:
-        if domain == "non-persistent":
-            raise HttpError(404, "non-persistent topics are not supported by this broker")
-        if domain != "persistent":
+    def _topic(domain: str, parts: list[str], cfg: Any = None) -> str:
+        if domain == "non-persistent" and not getattr(cfg, "enable_non_persistent_topics", False):
+            raise HttpError(404, "non-persistent topics are not enabled on this broker "
+                                 "(enable_non_persistent_topics)")
+        if domain not in ("persistent", "non-persistent"):
             raise HttpError(404, f"unknown topic domain {domain[:40]!r}")
         if len(parts) < 3 or not all(parts):
             raise HttpError(400, "expected {tenant}/{namespace}/{topic}")
         _check_name("tenant", parts[0])
         _check_name("namespace", parts[1])
-        return f"persistent://{'/'.join(parts)}"
+        return f"{domain}://{'/'.join(parts)}"
 
     # -- /admin/v2/brokers -----------------------------------------------------------------
     async def _brokers(self, req: Request, rest: list[str]) -> Response:
@@ -262,7 +267,7 @@ class AdminHttpServer(HttpServer):
     # -- /admin/v2/persistent/... -----------------------------------------------------------
     async def _topics(self, req: Request, domain: str, rest: list[str]) -> Response:
         if domain == "non-persistent":
-            raise HttpError(404, "non-persistent topics are not supported by this broker")
+            return await self._non_persistent_topics(req, rest)
         tenant = _check_name("tenant", rest[0])
         ns = _check_name("namespace", rest[1])
         namespace = f"{tenant}/{ns}"
@@ -313,6 +318,33 @@ class AdminHttpServer(HttpServer):
                 out["batchIndex"] = batch_index
             return Response(200, out)
         # unload
+        await self.service.unload_topic(topic)
+        return Response(204, b"")
+
+    async def _non_persistent_topics(self, req: Request, rest: list[str]) -> Response:
+        """/admin/v2/non-persistent/...: the namespace's list (the active non-persistent topics loaded
+        on this broker, as Pulsar's getListOfNonPersistentTopics), a topic's stats (Pulsar's
+        NonPersistentTopicStats, from its owner; 404 where it is not loaded) and unload."""
+        if not self.cfg.enable_non_persistent_topics:
+            raise HttpError(404, "non-persistent topics are not enabled on this broker "
+                                 "(enable_non_persistent_topics)")
+        namespace = f"{_check_name('tenant', rest[0])}/{_check_name('namespace', rest[1])}"
+        if len(rest) == 2:
+            _allow(req, "the topic list", "GET")
+            return Response(200, self.service.non_persistent.names(namespace))
+        if len(rest) != 4 or not rest[2] or rest[3] not in ("stats", "unload"):
+            raise HttpError(404, f"no such non-persistent topic resource: {req.path[:200]}; "
+                                 "one of stats, unload")
+        topic = f"non-persistent://{namespace}/{rest[2]}"
+        _allow(req, f"/{rest[3]}", *_TOPIC_ACTIONS[rest[3]])
+        forwarded = await self._forward_to_owner(req, topic)
+        if forwarded is not None:
+            return forwarded
+        t = self.service.non_persistent.topics.get(topic)
+        if t is None or t.closed:
+            raise HttpError(404, f"Topic {topic} not found")
+        if rest[3] == "stats":
+            return Response(200, t.stats(self.service.rate, self.cfg.web_url.split("://", 1)[-1], self.cfg.name))
         await self.service.unload_topic(topic)
         return Response(204, b"")
 
@@ -760,8 +792,8 @@ class AdminHttpServer(HttpServer):
         """Ask the broker a lookup was redirected to: authoritatively, it takes the bundle and answers;
         otherwise (the load-balancer leader) it decides, and follows its own redirect."""
         web = await self.web_url_of(service_url)
-        rest = topic.split("://", 1)[1]
-        url = f"{web}/lookup/v2/topic/persistent/{rest}" + ("?authoritative=true" if authoritative else "")
+        domain, rest = topic.split("://", 1)
+        url = f"{web}/lookup/v2/topic/{domain}/{rest}" + ("?authoritative=true" if authoritative else "")
         try:
             status, body = await http_get(url, HOP_TIMEOUT)
         except Exception as e:

@@ -21,7 +21,8 @@ from clusters.broker import compaction
 from clusters.broker import schema as schemas
 from clusters.broker.managed_ledger import (ManagedLedger, ManagedLedgerError, ManagedLedgerFenced,
                                             ml_name)
-from clusters.broker.topic import NotAllowed, ServiceUnitNotReady, Topic
+from clusters.broker.nonpersistent import NonPersistentTopics, is_non_persistent
+from clusters.broker.topic import ServiceUnitNotReady, Topic
 from clusters.config import BrokerConfig
 from clusters.loadbalancer import manager as load_managers
 from clusters.loadbalancer.bundles import Bundle, topic_namespace
@@ -54,6 +55,8 @@ class BrokerService:
         self.policies = PolicyCache(self.store, cfg)       # namespace policies (clusters/broker/policies.py)
         self.topic_policies = PolicyCache(self.store, cfg, path=topic_policies_path)   # topic overrides
         self.topics: dict[str, Topic] = {}
+        # non-persistent:// topics, in memory only (clusters/broker/nonpersistent.py)
+        self.non_persistent = NonPersistentTopics(self, cfg.enable_non_persistent_topics)
         self._loading: dict[str, asyncio.Future] = {}
         self.connections: set[Any] = set()
         self.server: asyncio.AbstractServer | None = None
@@ -94,6 +97,7 @@ class BrokerService:
             await self.http.close()
         for name in list(self.topics):
             await self._unload_topic(name)
+        await self.non_persistent.close_all()
         try:
             await self.load_manager.stop()          # gives up the bundles, as disableBroker does
         except Exception as e:
@@ -135,15 +139,14 @@ class BrokerService:
         return await parts.get_partitions(self.store, normalize_topic(topic))
 
     async def topics_of_namespace(self, namespace: str) -> list[str]:
-        """GET_TOPICS_OF_NAMESPACE: persistent topics with a managed ledger, plus every partition."""
-        return await parts.topics_of_namespace(self.store, namespace)
+        """GET_TOPICS_OF_NAMESPACE: persistent topics with a managed ledger, plus every partition, plus
+        the active non-persistent topics loaded here."""
+        return await parts.topics_of_namespace(self.store, namespace) + self.non_persistent.names(namespace)
 
-    async def get_topic(self, topic: str) -> Topic:
+    async def get_topic(self, topic: str) -> Any:
         topic = normalize_topic(topic)
-        if topic.startswith("non-persistent://"):
-            # as a Pulsar broker with enableNonPersistentTopics=false: we have no non-persistent
-            # topics (in-memory, no storage), and serving one as persistent would differ silently
-            raise NotAllowed("Broker is not unable to load non-persistent topic")
+        if is_non_persistent(topic):
+            return self.non_persistent.get(topic)      # NotAllowed when enable_non_persistent_topics is off
         loaded = self.topics.get(topic)
         if loaded is not None and not loaded.closed:
             return loaded
@@ -277,6 +280,8 @@ class BrokerService:
     async def unload_topic(self, topic: str) -> bool:
         """Close a topic served here; its clients look it up again (this broker keeps the bundle)."""
         topic = normalize_topic(topic)
+        if is_non_persistent(topic):
+            return await self.non_persistent.unload(topic)
         if topic not in self.topics:
             return False
         await self._unload_topic(topic)
@@ -291,6 +296,7 @@ class BrokerService:
             names = [n for n in list(self.topics) if self.ownership.bundle(n) == bundle]
             for name in names:
                 await self._unload_topic(name)
+            names += await self.non_persistent.unload_bundle(bundle)
             await self.ownership.release(bundle)
         finally:
             self._unloading.discard(bundle)
@@ -332,7 +338,8 @@ class BrokerService:
                 log.warning("computing rates", exc_info=True)
 
     def update_rates(self) -> None:
-        self.rates.update(self.topics)
+        self.rates.update({**self.topics, **self.non_persistent.topics})
+        self.non_persistent.update_drop_rates()
 
     def rate(self, *key: Any) -> tuple[float, float]:
         return self.rates.get(*key)
@@ -373,6 +380,7 @@ class BrokerService:
     async def bundle_lost(self, bundle: Bundle) -> None:
         for name in [n for n in self.topics if self.ownership.bundle(n) == bundle]:
             await self._unload_topic(name)
+        await self.non_persistent.unload_bundle(bundle)
 
 
 def _label(topic: str) -> tuple[str, str]:

@@ -42,7 +42,7 @@ BAD_REQUESTS = [
     ("GET", "/admin/v2/brokers/standalone/10.9.9.9:1/ownedNamespaces", None, 404, ["10.9.9.9:1", "not a live broker"]),
     ("GET", "/admin/v2/brokers/standalone/x/nope", None, 404, ["no such resource"]),
     ("GET", "/lookup/v2/topic/persistent/public//x", None, 400, ["expected"]),
-    ("GET", "/lookup/v2/topic/non-persistent/public/default/x", None, 404, ["non-persistent"]),
+    ("GET", "/lookup/v2/topic/no-such-domain/public/default/x", None, 404, ["unknown topic domain"]),
     ("GET", "/lookup/v2/topic/persistent/bad%20tenant/default/x", None, 400, ["invalid tenant"]),
     ("POST", "/lookup/v2/topic/persistent/public/default/x", None, 405, ["not allowed"]),
     ("DELETE", "/lookup/v2/topic/persistent/public/default/x/bundle", None, 405, ["not allowed"]),

@@ -118,17 +118,6 @@ def test_batch_receive_and_multi_topic_subscribe(client, topic):
         x.close()
 
 
-def test_non_persistent_topics_are_refused_as_pulsar_does_when_disabled(client):
-    """We have no non-persistent topics; serving one as a persistent topic would differ silently (a
-    late subscriber would get earlier messages), so producers and consumers get NotAllowedError, as
-    from a Pulsar broker with enableNonPersistentTopics=false (BrokerService.createNonPersistentTopic)."""
-    t = "non-persistent://public/default/np"
-    with pytest.raises(pulsar.NotAllowedError):
-        client.create_producer(t)
-    with pytest.raises(pulsar.NotAllowedError):
-        client.subscribe(t, "s")
-
-
 def test_an_unknown_advertised_listener_fails_the_lookup(cluster):
     """listener_name names an advertised listener; this broker has none, so the lookup fails as
     Pulsar's does for a listener it lacks ("the broker do not have ... listener")."""

@@ -163,7 +163,7 @@ def test_malformed_requests_get_4xx_and_the_server_survives(zk):
             assert status(await raw(host, port, b"GET / HTTP/1.1\r\nContent-Length: 999999999\r\n\r\n")) == 413
             assert status(await raw(host, port, b"GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")) == 501
             assert status(await raw(host, port, b"GET /nope HTTP/1.0\r\n\r\n")) == 404
-            assert status(await raw(host, port, b"GET /lookup/v2/topic/non-persistent/a/b/c HTTP/1.0\r\n\r\n")) == 404
+            assert status(await raw(host, port, b"GET /lookup/v2/topic/no-such-domain/a/b/c HTTP/1.0\r\n\r\n")) == 404
             assert status(await raw(host, port, b"GET /lookup/v2/topic/persistent/a//c HTTP/1.0\r\n\r\n")) == 400
             assert status(await raw(host, port, b"GET /admin/v2/bro", eof=True)) == 400   # torn request
             assert await raw(host, port, b"", eof=True) == b""                          # no request at all
