@@ -1,4 +1,4 @@
-"""The broker's own asyncio Pulsar client (clusters/broker/client.py): malformed and missing answers
+"""The broker's own asyncio Pulsar client (clusters/protocol/client.py): malformed and missing answers
 from tiny servers on loopback give one clear error each (never a hang); produce and read back on the
 in-memory broker, also across a topic unload. Against a real cluster:
 tests/conformance/test_broker_client.py."""
@@ -11,7 +11,7 @@ import uuid
 import pulsar
 import pytest
 
-from clusters.broker.client import (ClientTimeout, MessageId, ProtocolViolation, PulsarClient,
+from clusters.protocol.client import (ClientTimeout, MessageId, ProtocolViolation, PulsarClient,
                                     PulsarClientError, ServerError, UnsupportedMessage)
 from clusters.protocol import PulsarApi_pb2 as pb
 from clusters.protocol import frames

@@ -1,4 +1,4 @@
-"""The broker's own asyncio client (clusters/broker/client.py) against the shared cluster, as a
+"""The broker's own asyncio client (clusters/protocol/client.py) against the shared cluster, as a
 Pulsar broker uses its PulsarClient for system topics (the extensible load manager's
 loadbalancer-service-unit-state and loadbalancer-broker-load-data topics): keyed writes read back by
 the official client and by our reader in order; our reader and producer follow the topic to its new
@@ -12,7 +12,7 @@ import uuid
 
 import pulsar
 
-from clusters.broker.client import PulsarClient
+from clusters.protocol.client import PulsarClient
 from tests.conformance.conftest import owner_of, rest_path
 
 
