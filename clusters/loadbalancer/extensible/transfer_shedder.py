@@ -65,7 +65,7 @@ class SheddingResult:
     decisions: list[UnloadDecision] = field(default_factory=list)
     label: str = SUCCESS                 # Skip / Failure when there is no decision
     reason: str | None = None            # the Skip / Failure reason
-    avg: float = 0.0
+    avg: float = 0.0                     # the load statistics before this cycle's unloads
     std: float = 0.0
     hit_count: int = 0
 
@@ -82,7 +82,7 @@ class _Stats:
     total: int = 0
     sum: float = 0.0
     sq_sum: float = 0.0
-    avg: float = 0.0
+    avg: float = 0.0                     # the load statistics before this cycle's unloads
     std: float = 0.0
     max_idx: int = 0
     min_idx: int = 0
@@ -253,7 +253,6 @@ class TransferShedder:
             else:
                 few_bundles += 1
 
-        result.std = stats.std
         if not result.decisions:
             result.label = SKIP
             result.reason = NO_LOAD_DATA if no_data else NO_BUNDLES if few_bundles else HIT_COUNT
