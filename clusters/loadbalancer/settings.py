@@ -1,8 +1,8 @@
 """The load balancer's settings, under the names of Pulsar's `ServiceConfiguration`.
 
 `LoadBalancerSettings` holds every setting that the modular load manager's algorithms here
-(`data`, `placement`, `shedding`, `splitting`) and the glue around them read, with Pulsar's
-defaults. The field names are Pulsar's, camelCase and misspellings included
+(`data`, `placement`, `shedding`, `splitting`), the extensible load manager's core (`extensible/`)
+and the glue around them read, with Pulsar's defaults. The field names are Pulsar's, camelCase and misspellings included
 (`loadBalancerBandwithInResourceWeight`), so a `broker.conf` line can be pasted as is.
 
 Where Pulsar's default changed between versions the comment says so; the value here is the newest

@@ -345,3 +345,19 @@ def test_split_skips_a_bundle_next_to_one_splitting_and_unsplittable_ranges():
     off = s.replace(loadBalancerAutoBundleSplitEnabled=False)
     assert SplitScheduler().decide({b: BIG}, me="me", view=owned_view(b), bundle_counts={NS: 4},
                                    settings=off).decisions == []
+
+
+def test_extensible_defaults_are_pulsars():
+    s = DEFAULT
+    assert (s.loadBalancerBrokerLoadTargetStd, s.loadBalancerSheddingConditionHitCountThreshold,
+            s.loadBalancerMaxNumberOfBrokerSheddingPerCycle, s.loadBalanceSheddingDelayInSeconds,
+            s.loadBalancerBrokerLoadDataTTLInSeconds, s.loadBalancerTransferEnabled) == (0.25, 3, 3, 180, 1800, True)
+    assert (s.loadBalancerInFlightServiceUnitStateWaitingTimeInMillis,
+            s.loadBalancerServiceUnitStateMonitorIntervalInSeconds,
+            s.loadBalancerServiceUnitStateTombstoneDelayTimeInSeconds) == (30000, 60, 3600)
+    assert (s.loadBalancerMaxNumberOfBundlesInBundleLoadReport, s.loadBalancerSplitIntervalMinutes,
+            s.loadBalancerNamespaceBundleSplitConditionHitCountThreshold,
+            s.loadBalancerMaxNumberOfBundlesToSplitPerCycle, s.loadBalancerMultiPhaseBundleUnload) == (10, 1, 3, 10, True)
+    assert s.loadBalancerSheddingExcludedNamespaces == ()
+    assert LoadBalancerSettings.from_mapping({"loadBalancerSheddingExcludedNamespaces": "a/b, c/d"}
+                                             ).loadBalancerSheddingExcludedNamespaces == ("a/b", "c/d")
