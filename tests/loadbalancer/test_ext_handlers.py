@@ -311,3 +311,95 @@ def test_settings_refuse_tombstone_delay_below_in_flight_wait():
     with pytest.raises(ValueError, match="loadBalancerServiceUnitStateTombstoneDelayTimeInSeconds"):
         LoadBalancerSettings.from_mapping({"loadBalancerServiceUnitStateTombstoneDelayTimeInSeconds": 10,
                                            "loadBalancerInFlightServiceUnitStateWaitingTimeInMillis": 30000})
+
+
+# -- random operations through the toy channel ------------------------------------------------------------
+
+from hypothesis import given, settings as hsettings, strategies as hst  # noqa: E402
+
+from clusters.loadbalancer.data import bundle_bounds, namespace_of  # noqa: E402
+from clusters.loadbalancer.extensible.state import is_in_flight  # noqa: E402
+from clusters.loadbalancer.splitting import can_split  # noqa: E402
+
+BROKERS3 = ["a", "b", "c"]
+OPS = hst.lists(hst.tuples(hst.sampled_from(["assign", "unload", "transfer", "split", "kill", "monitor"]),
+                           hst.integers(0, 1000)), max_size=25)
+
+
+class TrackedChannel(Channel):
+    """A Channel that also keeps the namespace's bundles (updated when a split's owner says so)."""
+
+    def __init__(self, brokers):
+        super().__init__(brokers)
+        self.bundles = {KEY}
+
+    def run(self, max_steps=1000):
+        seen = {b: len(self.actions[b]) for b in self.actions}
+        super().run(max_steps)
+        for b, acts in self.actions.items():
+            for a in acts[seen[b]:]:
+                if isinstance(a, UpdateNamespaceBundles) and a.parent in self.bundles:
+                    self.bundles = (self.bundles - {a.parent}) | set(a.children)
+
+
+def _owned_ranges_disjoint(view):
+    ranges = sorted(bundle_bounds(k) for k, d in view.items() if d.state == S.Owned and namespace_of(k) == "t/ns")
+    return all(r1[1] <= r2[0] for r1, r2 in zip(ranges, ranges[1:]))
+
+
+@hsettings(max_examples=120, deadline=None)
+@given(OPS)
+def test_random_operations_keep_one_owner_and_views_equal(ops):
+    ch = TrackedChannel(BROKERS3)
+    for op, n in ops:
+        live = sorted(ch.alive)
+        me = live[n % len(live)]
+        v = ch.views[me]
+        key = sorted(ch.bundles)[n % len(ch.bundles)]
+        d = v.get(key)
+        ch.now += 1000
+        if op == "assign" and (d is None or d.state == S.Free):
+            ch.publish(key, assign_event(v, key, live[(n // 7) % len(live)], ch.now))
+        elif op in ("unload", "transfer") and d is not None and d.state == S.Owned:
+            dest = None if op == "unload" else BROKERS3[(n // 7) % 3]
+            if dest != d.dstBroker:
+                ch.publish(key, unload_event(v, key, d.dstBroker, dest, now_ms=ch.now))
+        elif op == "split" and d is not None and d.state == S.Owned and can_split(*bundle_bounds(key)):
+            lo, hi = bundle_bounds(key)
+            mid = lo + (hi - lo) // 2
+            ch.publish(key, split_event(v, key, d.dstBroker, {f"0x{lo:08x}_0x{mid:08x}": None,
+                                                              f"0x{mid:08x}_0x{hi:08x}": None}, ch.now))
+        elif op == "kill" and len(live) > 1:
+            ch.alive.discard(me)
+        elif op == "monitor":
+            ch.now += WAIT + 1
+            dec = monitor_ownerships(v, ch.now, ch.alive, MetadataState.Stable, S60)
+            for k, orphan, _ in dec.overrides:
+                ch.publish(k, override_ownership(k, orphan, live[0], graceful=False, now_ms=ch.now))
+        ch.run()
+        view = ch.settled_view()
+        assert _owned_ranges_disjoint(view)
+        for k, rec in view.items():
+            if rec.state == S.Owned:
+                assert rec.dstBroker in BROKERS3
+    # the leader's monitor brings every bundle out of flight onto a live broker
+    live = sorted(ch.alive)
+    for _ in range(3):
+        ch.now += WAIT + 1
+        dec = monitor_ownerships(ch.views[live[0]], ch.now, ch.alive, MetadataState.Stable, S60)
+        for k, orphan, _ in dec.overrides:
+            ch.publish(k, override_ownership(k, orphan, live[0], graceful=False, now_ms=ch.now))
+        ch.run()
+    view = ch.settled_view()
+    assert _owned_ranges_disjoint(view)
+    for k, rec in view.items():
+        assert not is_in_flight(rec.state), (k, rec)
+        if rec.state == S.Owned:
+            assert rec.dstBroker in ch.alive, (k, rec)
+
+
+def test_owned_overlap_detector_can_fail():
+    v = ChannelView()
+    v.apply(KEY, ServiceUnitStateData(S.Owned, "a", None, None, False, 0, 1))
+    v.apply(LEFT, ServiceUnitStateData(S.Owned, "b", None, None, False, 0, 1))
+    assert not _owned_ranges_disjoint(v)
