@@ -131,12 +131,16 @@ def test_transfer_to_the_owner_is_refused():
     owned_by_a(ch)
     with pytest.raises(TransferToSameBrokerError, match="cannot be transfer to same broker"):
         unload_event(ch.views["a"], KEY, "a", "a", now_ms=2)
+    # the owner per the view counts, whoever is named as the source
+    with pytest.raises(TransferToSameBrokerError):
+        unload_event(ch.views["a"], KEY, "b", "a", now_ms=2)
+    assert unload_event(ch.views["a"], KEY, "a", "b", now_ms=2).versionId == 3
 
 
 def test_unload_by_a_non_owner_is_rejected_everywhere():
-    ch = Channel(["a", "b"])
+    ch = Channel(["a", "b", "c"])
     owned_by_a(ch)
-    ch.publish(KEY, unload_event(ch.views["b"], KEY, "b", "a", now_ms=2))
+    ch.publish(KEY, unload_event(ch.views["b"], KEY, "b", "c", now_ms=2))
     ch.run()
     v = ch.settled_view()
     assert owners(v, KEY) == ["a"] and v.get(KEY).versionId == 2
@@ -300,7 +304,8 @@ def test_cleanup_targets():
     v = ChannelView()
     rows = {"t/ns/0x00000000_0x40000000": (S.Owned, "a", None), "t/ns/0x40000000_0x80000000": (S.Releasing, "b", "a"),
             "t/ns/0x80000000_0xc0000000": (S.Assigning, "a", "b"), "t/ns/0xc0000000_0xffffffff": (S.Free, None, "a"),
-            "pulsar/system/0x00000000_0xffffffff": (S.Owned, "a", None), "t/ns2/0x00000000_0xffffffff": (S.Owned, "b", "a")}
+            "pulsar/system/0x00000000_0xffffffff": (S.Owned, "a", None),
+            "t/ns2/0x00000000_0xffffffff": (S.Owned, "b", "a")}
     for k, (st, dst, src) in rows.items():
         v.apply(k, ServiceUnitStateData(st, dst, src, None, False, 0, 1))
     assert cleanup_targets(v, "a") == ["t/ns/0x00000000_0x40000000", "t/ns/0x40000000_0x80000000",

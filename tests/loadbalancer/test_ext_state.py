@@ -252,7 +252,8 @@ def test_random_walk_proper_events_accepted_bogus_owned_rejected():
         nxt = next_version_id(cur)
         cands = [d(S.Owned, cur.dstBroker, cur.sourceBroker, v=nxt)] if cur.state == S.Assigning else []
         if cur.state == S.Owned:
-            cands = [d(S.Releasing, rng.choice([b for b in "abc" if b != cur.dstBroker] + [None]), cur.dstBroker, v=nxt)]
+            dest = rng.choice([b for b in "abc" if b != cur.dstBroker] + [None])
+            cands = [d(S.Releasing, dest, cur.dstBroker, v=nxt)]
         if cur.state == S.Releasing:
             cands = [d(S.Assigning, cur.dstBroker, cur.sourceBroker, v=nxt) if cur.dstBroker
                      else d(S.Free, None, cur.sourceBroker, v=nxt)]

@@ -195,9 +195,11 @@ def assign_event(view: ChannelView, key: str, broker: str, now_ms: int) -> Servi
 def unload_event(view: ChannelView, key: str, source: str, destination: str | None = None, *,
                  force: bool = False, now_ms: int) -> ServiceUnitStateData:
     """publishUnloadEventAsync: Releasing(dst=destination (a transfer) or None, src=source, v=prev+1)."""
-    if destination is not None and destination == source:
-        raise TransferToSameBrokerError(f"bundle {key} cannot be transfer to same broker {source}; "
-                                        f"name another destination broker or none")
+    cur = view.get(key)
+    owner = cur.dstBroker if cur is not None and cur.state == S.Owned else None
+    if destination is not None and destination in (source, owner):
+        raise TransferToSameBrokerError(f"bundle {key} cannot be transfer to same broker {destination} "
+                                        f"(its current owner); name another destination broker or none")
     return ServiceUnitStateData(S.Releasing, destination, source, None, force, now_ms,
                                 next_version_id(view.get(key)))
 
