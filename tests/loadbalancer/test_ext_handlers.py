@@ -170,10 +170,12 @@ def test_split_handler_skips_children_already_present():
     v = ChannelView()
     v.apply(LEFT, ServiceUnitStateData(S.Owned, "a", None, None, False, 0, 4))
     split = ServiceUnitStateData(S.Splitting, None, "a", {"0x00000000_0x7fffffff": None,
-                                                          "0x7fffffff_0xffffffff": None}, False, 0, 3)
+                                                          "0x7fffffff_0xffffffff": "b"}, False, 0, 3)
     acts = handle_event(KEY, None, split, "a", view=v)
-    published = [x.key for x in acts if isinstance(x, Publish)]
-    assert published == [RIGHT, KEY]
+    published = [(x.key, x.data.state, x.data.dstBroker, x.data.versionId) for x in acts if isinstance(x, Publish)]
+    # the child's named destination is not used: children stay on the parent's owner
+    assert published == [(RIGHT, S.Owned, "a", 1), (KEY, S.Deleted, None, 4)]
+    assert handle_event(KEY, None, split, "b", view=v) == []
 
 
 def test_split_needs_two_children():

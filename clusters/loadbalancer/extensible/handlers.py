@@ -7,8 +7,8 @@
     a transfer (multi-phase unload) or of a forced override closes it, disconnecting its clients;
   * Releasing at the source: close (a multi-phase transfer keeps the clients connected), then
     Assigning(dst=B, src, v+1) for a transfer, Free(src, v+1) for a plain unload;
-  * Splitting at the source: Owned(dst=src, v=1) for each child not in the table yet (or the child's
-    destination if the split names one), then the caller updates the namespace's boundaries
+  * Splitting at the source: Owned(dst=src, v=1) for each child not in the table yet, then the caller
+    updates the namespace's boundaries
     (`UpdateNamespaceBundles`), then Deleted(src, v+1) for the parent;
   * Free: lookups complete empty; with force, the source closes and tombstones;
   * Deleted: lookups fail; the source tombstones;
@@ -121,12 +121,12 @@ def handle_event(key: str, previous: ServiceUnitStateData | None, new: ServiceUn
     elif st == S.Splitting:
         if src == me:
             children = []
-            for rng, dest in sorted((new.splitServiceUnitToDestBroker or {}).items()):
+            for rng in sorted(new.splitServiceUnitToDestBroker or {}):
                 child = child_key(key, rng)
                 children.append(child)
                 if view is None or child not in view:
-                    owner = dest if not is_blank(dest) else src
-                    out.append(Publish(child, ServiceUnitStateData(S.Owned, owner, None, None, False, now_ms, 1)))
+                    # the children stay on the parent's owner (the map's destinations are not used)
+                    out.append(Publish(child, ServiceUnitStateData(S.Owned, src, None, None, False, now_ms, 1)))
             out.append(UpdateNamespaceBundles(key, tuple(children)))
             out.append(Publish(key, ServiceUnitStateData(S.Deleted, dst, src, None, False, now_ms,
                                                          next_version_id(new))))
