@@ -10,7 +10,8 @@ from clusters.loadbalancer.extensible.handlers import (BundleOwned, CloseService
                                                        UpdateNamespaceBundles, assign_event, get_owner, handle_event,
                                                        handle_skipped, split_event, unload_event)
 from clusters.loadbalancer.extensible.monitor import (MetadataState, broker_deletion_cleanup_delay_ms, cleanup_targets,
-                                                      monitor_ownerships, override_ownership)
+                                                      excluded_for_override, monitor_ownerships, override_in_flight,
+                                                      override_ownership, plan_overrides)
 from clusters.loadbalancer.extensible.state import S, ChannelView, ServiceUnitStateData
 from clusters.loadbalancer.settings import LoadBalancerSettings
 
@@ -340,6 +341,9 @@ class TrackedChannel(Channel):
         super().__init__(brokers)
         self.bundles = {KEY}
 
+    def select(self, key, excluded):
+        return min(self.alive - excluded, default=None)
+
     def run(self, max_steps=1000):
         seen = {b: len(self.actions[b]) for b in self.actions}
         super().run(max_steps)
@@ -381,8 +385,8 @@ def test_random_operations_keep_one_owner_and_views_equal(ops):
         elif op == "monitor":
             ch.now += WAIT + 1
             dec = monitor_ownerships(v, ch.now, ch.alive, MetadataState.Stable, S60)
-            for k, orphan, _ in dec.overrides:
-                ch.publish(k, override_ownership(k, orphan, live[0], graceful=False, now_ms=ch.now))
+            for k, rec in plan_overrides(dec, ch.select, ch.alive, ch.now):
+                ch.publish(k, rec)
         ch.run()
         view = ch.settled_view()
         assert _owned_ranges_disjoint(view)
@@ -391,11 +395,11 @@ def test_random_operations_keep_one_owner_and_views_equal(ops):
                 assert rec.dstBroker in BROKERS3
     # the leader's monitor brings every bundle out of flight onto a live broker
     live = sorted(ch.alive)
-    for _ in range(3):
+    for _ in range(4):
         ch.now += WAIT + 1
         dec = monitor_ownerships(ch.views[live[0]], ch.now, ch.alive, MetadataState.Stable, S60)
-        for k, orphan, _ in dec.overrides:
-            ch.publish(k, override_ownership(k, orphan, live[0], graceful=False, now_ms=ch.now))
+        for k, rec in plan_overrides(dec, ch.select, ch.alive, ch.now):
+            ch.publish(k, rec)
         ch.run()
     view = ch.settled_view()
     assert _owned_ranges_disjoint(view)
@@ -410,3 +414,41 @@ def test_owned_overlap_detector_can_fail():
     v.apply(KEY, ServiceUnitStateData(S.Owned, "a", None, None, False, 0, 1))
     v.apply(LEFT, ServiceUnitStateData(S.Owned, "b", None, None, False, 0, 1))
     assert not _owned_ranges_disjoint(v)
+
+
+def _rec(state, dst=None, src=None, ts=0, v=5, split=None):
+    return ServiceUnitStateData(state, dst, src, split, False, ts, v)
+
+
+def test_override_in_flight_shapes():
+    assign = _rec(S.Assigning, "b", None)
+    assert override_in_flight(KEY, assign, "c", {"a", "c"}, 9) == ServiceUnitStateData(S.Owned, "c", None, None, True,
+                                                                                        9, 6)
+    assert override_in_flight(KEY, assign, None, {"a"}, 9) is None
+    rel = _rec(S.Releasing, "b", "a")
+    assert override_in_flight(KEY, rel, "c", {"a", "b", "c"}, 9).dstBroker == "a"     # rolled back to the source
+    assert override_in_flight(KEY, rel, "c", {"b", "c"}, 9).dstBroker == "c"          # rolled forward
+    spl = _rec(S.Splitting, None, "a", split={"x": None})
+    again = override_in_flight(KEY, spl, "c", {"a"}, 9)
+    assert (again.state, again.sourceBroker, again.force, again.versionId) == (S.Splitting, "a", True, 6)
+    with pytest.raises(ValueError, match="not an in-flight state"):
+        override_in_flight(KEY, _rec(S.Owned, "a"), "c", {"a"}, 9)
+    assert excluded_for_override(assign, "in-flight-timeout") == {"b"}
+    assert excluded_for_override(rel, "in-flight-timeout") == {"a"}
+    assert excluded_for_override(rel, "inactive-broker:b") == {"b"}
+
+
+def test_inactive_source_of_an_owned_record_counts_and_defers_timeouts():
+    v = ChannelView()
+    v.apply(KEY, _rec(S.Owned, "b", "a"))                       # a transferred it to b, then died
+    v.apply(LEFT, _rec(S.Assigning, "b", None, ts=0))           # stuck in flight
+    dec = monitor_ownerships(v, WAIT + 1, {"b"}, MetadataState.Stable, S60)
+    assert dec.inactive_brokers == ["a"] and dec.overrides == []          # a owns nothing; the timeout waits
+    dec = monitor_ownerships(v, WAIT + 1, {"a", "b"}, MetadataState.Stable, S60)
+    assert [(k, why) for k, _, why in dec.overrides] == [(LEFT, "in-flight-timeout")]
+    recs = plan_overrides(dec, lambda key, excl: min({"a", "b"} - excl), {"a", "b"}, WAIT + 1)
+    assert [(k, r.state, r.dstBroker, r.force) for k, r in recs] == [(LEFT, S.Owned, "a", True)]
+
+
+def test_monitor_needs_active_brokers():
+    assert monitor_ownerships(ChannelView(), 1, set(), MetadataState.Stable, S60).skipped == "no active brokers"

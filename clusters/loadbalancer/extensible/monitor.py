@@ -3,15 +3,16 @@
 `monitor_ownerships(view, now_ms, active_brokers, metadata_state, settings)` looks at every record,
 as the channel owner does every loadBalancerServiceUnitStateMonitorIntervalInSeconds, and only while
 its metadata session is Stable:
-- Owned whose dstBroker is not an active broker, and in-flight records whose sourceBroker or
-  dstBroker (the non-blank ones) is not active: that broker is inactive and all its service units are
-  cleaned up (`cleanup_targets`);
+- active records (Owned or in flight) whose sourceBroker or dstBroker (the non-blank ones) is not an
+  active broker: that broker is inactive and all its service units are cleaned up
+  (`cleanup_targets`, overridden by `override_ownership`);
 - other in-flight records older than loadBalancerInFlightServiceUnitStateWaitingTimeInMillis
-  (`now_ms - timestamp >` the wait): orphans, overridden;
+  (`now_ms - timestamp >` the wait): orphans, overridden by `override_in_flight` (only in a run that
+  found no inactive broker);
 - Free, Deleted (not active) older than loadBalancerServiceUnitStateTombstoneDelayTimeInSeconds:
   tombstoned.
-The caller selects a broker for each override (LeastResourceUsageWithWeight, excluding the inactive
-brokers) and publishes `override_ownership(key, orphan, selected, graceful, now_ms)`.
+The caller selects a broker for each override (LeastResourceUsageWithWeight without the broker
+`excluded_for_override` names); `plan_overrides` does the whole step with a `select` callback.
 
 `broker_deletion_cleanup_delay_ms(state)`: when the leader cleans up after a broker's registration
 disappeared: at once (Stable), after MAX_CLEAN_UP_DELAY_TIME_IN_SECS (Jittery), never (Unstable).
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 from clusters.loadbalancer.data import is_system_service_namespace, namespace_of
 from clusters.loadbalancer.extensible.state import (S, ChannelView, ServiceUnitStateData, is_active, is_blank,
@@ -68,11 +69,21 @@ class MonitorDecision:
 def monitor_ownerships(view: ChannelView, now_ms: int, active_brokers: Iterable[str],
                        metadata_state: MetadataState, settings: LoadBalancerSettings, *,
                        is_channel_owner: bool = True) -> MonitorDecision:
+    """One run of the monitor. Per record, the first rule that applies:
+    1. an active record (in flight or Owned) whose non-blank sourceBroker, then dstBroker, is not an
+       active broker: that broker is inactive;
+    2. an in-flight record older than the waiting time: an orphan;
+    3. a record not active (Free, Deleted) older than the tombstone delay: a tombstone.
+    If any broker is inactive, the overrides are its `cleanup_targets` (the leader cleans up at once
+    while Stable) and the in-flight orphans wait for a later run, as in Pulsar; otherwise the
+    overrides are the orphans."""
     if not is_channel_owner:
         return MonitorDecision(skipped="not the channel owner")
+    active = set(active_brokers)
+    if not active:
+        return MonitorDecision(skipped="no active brokers")
     if metadata_state != MetadataState.Stable:
         return MonitorDecision(skipped=f"metadata state {metadata_state.value}")
-    active = set(active_brokers)
     in_flight_wait = settings.loadBalancerInFlightServiceUnitStateWaitingTimeInMillis
     tombstone_delay = settings.loadBalancerServiceUnitStateTombstoneDelayTimeInSeconds * 1000
     inactive: list[str] = []
@@ -80,19 +91,17 @@ def monitor_ownerships(view: ChannelView, now_ms: int, active_brokers: Iterable[
     tombstones: list[str] = []
     for key, d in view.items():
         elapsed = now_ms - d.timestamp
-        if d.state == S.Owned:
-            if d.dstBroker not in active and d.dstBroker not in inactive:
-                inactive.append(d.dstBroker)
-        elif is_in_flight(d.state):
-            if not is_blank(d.sourceBroker) and d.sourceBroker not in active:
-                if d.sourceBroker not in inactive:
-                    inactive.append(d.sourceBroker)
-            elif not is_blank(d.dstBroker) and d.dstBroker not in active:
-                if d.dstBroker not in inactive:
-                    inactive.append(d.dstBroker)
-            elif elapsed > in_flight_wait:
-                timed_out.append((key, d, "in-flight-timeout"))
-        elif elapsed > tombstone_delay:
+        if is_active(d.state):
+            gone = next((b for b in (d.sourceBroker, d.dstBroker) if not is_blank(b) and b not in active), None)
+            if gone is not None:
+                if gone not in inactive:
+                    inactive.append(gone)
+                continue
+        if is_in_flight(d.state):
+            if elapsed > in_flight_wait:
+                timed_out.append((key, d, IN_FLIGHT_TIMEOUT))
+            continue
+        if not is_active(d.state) and elapsed > tombstone_delay:
             tombstones.append(key)
     decision = MonitorDecision(inactive_brokers=inactive, tombstones=tombstones)
     seen: set[str] = set()
@@ -100,9 +109,60 @@ def monitor_ownerships(view: ChannelView, now_ms: int, active_brokers: Iterable[
         for key in cleanup_targets(view, b):
             if key not in seen:
                 seen.add(key)
-                decision.overrides.append((key, view.get(key), f"inactive-broker:{b}"))
-    decision.overrides.extend(o for o in timed_out if o[0] not in seen)
+                decision.overrides.append((key, view.get(key), INACTIVE_BROKER + b))
+    if not inactive:
+        decision.overrides.extend(timed_out)
     return decision
+
+
+IN_FLIGHT_TIMEOUT = "in-flight-timeout"
+INACTIVE_BROKER = "inactive-broker:"
+
+
+def override_in_flight(key: str, orphan: ServiceUnitStateData, selected: str | None,
+                       available_brokers: Iterable[str], now_ms: int) -> ServiceUnitStateData | None:
+    """The forced record for an in-flight record that timed out (getOverrideInFlightStateData),
+    versionId = orphan's + 1; None when it needs a broker and none was selected (retried later):
+    - Assigning: rolled forward, Owned(dst = selected), `selected` chosen without the orphan's dst;
+    - Splitting: the same Splitting again (its source retries the split);
+    - Releasing: rolled back to Owned(dst = src) if the source is available, else rolled forward to
+      Owned(dst = selected), `selected` chosen without the orphan's src."""
+    v = next_version_id(orphan)
+    if orphan.state == S.Splitting:
+        return ServiceUnitStateData(S.Splitting, orphan.dstBroker, orphan.sourceBroker,
+                                    dict(orphan.splitServiceUnitToDestBroker or {}), True, now_ms, v)
+    if orphan.state == S.Releasing and orphan.sourceBroker in set(available_brokers):
+        return ServiceUnitStateData(S.Owned, orphan.sourceBroker, None, None, True, now_ms, v)
+    if orphan.state in (S.Assigning, S.Releasing):
+        return None if selected is None else ServiceUnitStateData(S.Owned, selected, None, None, True, now_ms, v)
+    raise ValueError(f"{key}: {orphan.state.value} is not an in-flight state")
+
+
+def excluded_for_override(orphan: ServiceUnitStateData, why: str) -> set[str]:
+    """The brokers the caller's selection must leave out for an override of `orphan` flagged `why`
+    by the monitor: the inactive broker, or the broker an in-flight record was stuck on."""
+    if why.startswith(INACTIVE_BROKER):
+        return {why[len(INACTIVE_BROKER):]}
+    stuck = orphan.dstBroker if orphan.state == S.Assigning else orphan.sourceBroker
+    return set() if is_blank(stuck) else {stuck}
+
+
+def plan_overrides(decision: MonitorDecision, select: Callable[[str, set[str]], str | None],
+                   available_brokers: Iterable[str], now_ms: int,
+                   graceful: bool = False) -> list[tuple[str, ServiceUnitStateData]]:
+    """The records to publish for `decision.overrides`; `select(key, excluded)` picks a broker
+    (e.g. load_data.select_broker over the active brokers minus `excluded`)."""
+    avail = set(available_brokers)
+    out: list[tuple[str, ServiceUnitStateData]] = []
+    for key, orphan, why in decision.overrides:
+        selected = select(key, excluded_for_override(orphan, why))
+        if why.startswith(INACTIVE_BROKER):
+            out.append((key, override_ownership(key, orphan, selected, graceful, now_ms)))
+        else:
+            rec = override_in_flight(key, orphan, selected, avail, now_ms)
+            if rec is not None:
+                out.append((key, rec))
+    return out
 
 
 def override_ownership(key: str, orphan: ServiceUnitStateData, selected: str | None, graceful: bool,
