@@ -78,6 +78,9 @@ def test_reporter_pushes_after_fifteen_minutes_and_first_time():
     assert need_broker_load_data_update(None, _pub(), DEFAULT, 1) is True
     assert need_broker_load_data_update(_pub(), _pub(), DEFAULT, fifteen) is False
     assert need_broker_load_data_update(_pub(), _pub(), DEFAULT, fifteen + 1) is True
+    last = _pub()
+    last.mark_reported(fifteen)
+    assert need_broker_load_data_update(last, _pub(), DEFAULT, fifteen + 1) is False
 
 
 def _stats(thr_in=0.0, thr_out=0.0, rate=0.0, topics=1):

@@ -79,6 +79,10 @@ class BrokerLoadData:
             self.msgThroughputEMA = self.msgThroughputEMA * h + (1 - h) * throughput
         self.updatedAt = now_ms
 
+    def mark_reported(self, now_ms: int) -> None:
+        """The reporter published this data at `now_ms` (the 15-minute rule counts from here)."""
+        self.reportedAt = now_ms
+
     def max_resource_usage_with_weight(self, s: LoadBalancerSettings) -> float:
         return max(self.cpu.percent_usage() * s.loadBalancerCPUResourceWeight,
                    self.memory.percent_usage() * s.loadBalancerMemoryResourceWeight,
