@@ -110,10 +110,27 @@ class LeastResourceUsageWithWeight:
         if not candidates:
             return None, {}, []
         scores = {b: self._update(b, load_data.brokers[b], settings) for b in candidates}
-        avg = sum(scores.values()) / len(scores)
+        choice, best = pick_least_usage(candidates, scores, settings, rng)
+        return choice, scores, best
+
+
+def pick_least_usage(candidates: list[str], usage: Mapping[str, float], settings: LoadBalancerSettings,
+                     rng: random.Random) -> tuple[str | None, list[str]]:
+    """LeastResourceUsageWithWeight's choice among `candidates` given each one's usage (the modular
+    load manager's local average, or the extensible one's reported weightedMaxEMA): random among the
+    candidates whose usage is at least loadBalancerAverageResourceUsageDifferenceThresholdPercentage
+    below the mean over the candidates that have a usage; random among all candidates if none is.
+    Returns (choice or None without candidates, the brokers it was drawn from)."""
+    if not candidates:
+        return None, []
+    known = [b for b in candidates if b in usage]
+    best: list[str] = []
+    if known:
+        avg = sum(usage[b] for b in known) / len(known)
         diff = settings.loadBalancerAverageResourceUsageDifferenceThresholdPercentage / 100.0
-        best = [b for b in candidates if scores[b] + diff <= avg] or list(candidates)
-        return rng.choice(best), scores, best
+        best = [b for b in known if usage[b] + diff <= avg]
+    best = best or list(candidates)
+    return rng.choice(best), best
 
 
 PLACEMENT_STRATEGIES = {"LeastLongTermMessageRate": LeastLongTermMessageRate,

@@ -1,8 +1,8 @@
 """The load balancer's settings, under the names of Pulsar's `ServiceConfiguration`.
 
 `LoadBalancerSettings` holds every setting that the modular load manager's algorithms here
-(`data`, `placement`, `shedding`, `splitting`) and the glue around them read, with Pulsar's
-defaults. The field names are Pulsar's, camelCase and misspellings included
+(`data`, `placement`, `shedding`, `splitting`), the extensible load manager's core (`extensible/`)
+and the glue around them read, with Pulsar's defaults. The field names are Pulsar's, camelCase and misspellings included
 (`loadBalancerBandwithInResourceWeight`), so a `broker.conf` line can be pasted as is.
 
 Where Pulsar's default changed between versions the comment says so; the value here is the newest
@@ -99,6 +99,32 @@ class LoadBalancerSettings:
     supportedNamespaceBundleSplitAlgorithms: tuple[str, ...] = field(default=SPLIT_ALGORITHMS)
     flowOrQpsDifferenceThresholdPercentage: int = 10
 
+    # -- extensible load manager (ExtensibleLoadManagerImpl, PIP-192; clusters/loadbalancer/extensible) --
+    # TransferShedder: the target standard deviation of the brokers' weightedMaxEMA
+    loadBalancerBrokerLoadTargetStd: float = 0.25
+    # TransferShedder sheds once its condition held on more than this many consecutive cycles
+    loadBalancerSheddingConditionHitCountThreshold: int = 3
+    loadBalancerMaxNumberOfBrokerSheddingPerCycle: int = 3
+    # a broker that lost bundles is not counted until its load data is this much newer than the unload
+    loadBalanceSheddingDelayInSeconds: int = 180
+    # broker load data older than this is ignored (OutDatedData)
+    loadBalancerBrokerLoadDataTTLInSeconds: int = 1800
+    # TransferShedder names the destination (transfer); off: plain unload, placed on the next lookup
+    loadBalancerTransferEnabled: bool = True
+    # namespaces TransferShedder and TopKBundles leave alone
+    loadBalancerSheddingExcludedNamespaces: tuple[str, ...] = ()
+    # the channel's in-flight states (Assigning, Releasing, Splitting) older than this are overridden
+    loadBalancerInFlightServiceUnitStateWaitingTimeInMillis: int = 30000
+    loadBalancerServiceUnitStateMonitorIntervalInSeconds: int = 60
+    # semi-terminal states (Free, Deleted) older than this are tombstoned
+    loadBalancerServiceUnitStateTombstoneDelayTimeInSeconds: int = 3600
+    # SplitScheduler: every broker, on its own bundles' instantaneous stats
+    loadBalancerSplitIntervalMinutes: float = 1
+    loadBalancerNamespaceBundleSplitConditionHitCountThreshold: int = 3
+    loadBalancerMaxNumberOfBundlesToSplitPerCycle: int = 10
+    # a transfer keeps the clients connected to the source until the destination owns the bundle (PIP-307)
+    loadBalancerMultiPhaseBundleUnload: bool = True
+
     def __post_init__(self) -> None:
         if self.defaultNamespaceBundleSplitAlgorithm not in self.supportedNamespaceBundleSplitAlgorithms:
             raise ValueError(f"defaultNamespaceBundleSplitAlgorithm {self.defaultNamespaceBundleSplitAlgorithm!r} "
@@ -109,6 +135,11 @@ class LoadBalancerSettings:
             raise ValueError(f"unknown bundle split algorithm(s) {unknown}; known: {list(SPLIT_ALGORITHMS)}")
         if not 0 <= self.loadBalancerHistoryResourcePercentage <= 1:
             raise ValueError("loadBalancerHistoryResourcePercentage must be within [0, 1]")
+        if (self.loadBalancerServiceUnitStateTombstoneDelayTimeInSeconds * 1000
+                < self.loadBalancerInFlightServiceUnitStateWaitingTimeInMillis):
+            # ServiceUnitStateChannelImpl's constructor refuses this too
+            raise ValueError("loadBalancerServiceUnitStateTombstoneDelayTimeInSeconds (in ms) must be at least "
+                             "loadBalancerInFlightServiceUnitStateWaitingTimeInMillis")
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> "LoadBalancerSettings":
