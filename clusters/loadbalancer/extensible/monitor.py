@@ -70,8 +70,8 @@ def monitor_ownerships(view: ChannelView, now_ms: int, active_brokers: Iterable[
                        metadata_state: MetadataState, settings: LoadBalancerSettings, *,
                        is_channel_owner: bool = True) -> MonitorDecision:
     """One run of the monitor. Per record, the first rule that applies:
-    1. an active record (in flight or Owned) whose non-blank sourceBroker, then dstBroker, is not an
-       active broker: that broker is inactive;
+    1. an active record (in flight or Owned) whose non-blank sourceBroker or dstBroker is not an
+       active broker: each such broker is inactive;
     2. an in-flight record older than the waiting time: an orphan;
     3. a record not active (Free, Deleted) older than the tombstone delay: a tombstone.
     If any broker is inactive, the overrides are its `cleanup_targets` (the leader cleans up at once
@@ -92,10 +92,13 @@ def monitor_ownerships(view: ChannelView, now_ms: int, active_brokers: Iterable[
     for key, d in view.items():
         elapsed = now_ms - d.timestamp
         if is_active(d.state):
-            gone = next((b for b in (d.sourceBroker, d.dstBroker) if not is_blank(b) and b not in active), None)
-            if gone is not None:
-                if gone not in inactive:
-                    inactive.append(gone)
+            # every inactive broker the record names (a transfer's dead source must not hide a dead owner:
+            # the owner's bundles would never be cleaned up while the source stays dead)
+            gone = [b for b in (d.sourceBroker, d.dstBroker) if not is_blank(b) and b not in active]
+            for b in gone:
+                if b not in inactive:
+                    inactive.append(b)
+            if gone:
                 continue
         if is_in_flight(d.state):
             if elapsed > in_flight_wait:
