@@ -20,9 +20,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from clusters import bugs as bug_knobs
 from clusters.bookkeeper.errors import (BKError, BKLedgerClosedError, BKLedgerFencedError,
                                         BKMetadataVersionError, BKNoSuchEntryError, BKNoSuchLedgerError)
+from clusters.bugs import Knobs
 from clusters.config import BrokerConfig
 from clusters.metadata.store import BadVersion, MetadataStore, NodeExists, NoNode
 
@@ -214,6 +214,7 @@ class ManagedLedger:
         self.store = store
         self.bk = bk
         self.cfg = cfg
+        self.knobs = Knobs(cfg.bugs, "managed-ledger")     # bug knobs (clusters/bugs.py)
         self.policies = policies           # a PolicyCache (clusters/broker/policies.py), or None
         self.namespace = namespace_of(name)
         self.ledgers: list[LedgerInfo] = []
@@ -285,7 +286,7 @@ class ManagedLedger:
         self.ledgers = self._decode(data)
         # Recover the previous owner's last ledger: fence it on the bookies and close it, so that
         # owner can get nothing more acknowledged (broker.recovery_fencing=false skips the fencing).
-        fence = bool(bug_knobs.value(self.cfg.bugs, "broker.recovery_fencing"))
+        fence = self.knobs.on("broker.recovery_fencing")
         for info in self.ledgers:
             if info.entries is not None:
                 continue

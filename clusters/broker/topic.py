@@ -17,11 +17,11 @@ import operator
 import time
 from typing import Any, Iterable
 
-from clusters import bugs
 from clusters.broker.compaction import Compactor
 from clusters.broker.dedup import DUP as DEDUP_DUP, ENABLED as DEDUP_ENABLED, NOT_DUP as DEDUP_NOT_DUP
 from clusters.broker.managed_ledger import EntryCache, ManagedLedgerError, ManagedLedgerFenced, Position
 from clusters.broker.murmur3 import sticky_key_hash
+from clusters.bugs import Knobs
 from clusters.broker.selectors import (AutoSplitSelector, ConsistentHashSelector, ConsumerAssignError, StickySelector,
                                        partition_index, pick_active)
 from clusters.protocol import frames
@@ -686,9 +686,9 @@ class Subscription:
         self._delay_timer: asyncio.TimerHandle | None = None
         self._delay_timer_at = 0
         svc_cfg = getattr(topic.service, "config", None)
+        self.knobs = topic.knobs                        # the broker's bug knobs (clusters/bugs.py)
         self._delayed_enabled = bool(getattr(svc_cfg, "delayed_delivery_enabled", True))
-        self._delayed_in_memory = bool(bugs.value(getattr(svc_cfg, "bugs", None) or {},
-                                                  "broker.delayed_index_in_memory"))
+        self._delayed_in_memory = self.knobs.on("broker.delayed_index_in_memory")
         self.dispatcher: Dispatcher = DISPATCHERS[sub_type](self)
         self.epoch = 0                  # bumped whenever positions change under an in-flight read
         self.closed = False
@@ -1397,10 +1397,14 @@ class Topic:
 
     _names = itertools.count()
 
-    def __init__(self, name: str, ml: Any, service: Any):
+    def __init__(self, name: str, ml: Any, service: Any, knobs: Knobs | None = None):
         self.name = name
         self.ml = ml
         self.service = service
+        # the broker's bug knobs (clusters/bugs.py), which its subscriptions read; None: the ones of
+        # the service's configuration (all safe without one)
+        self.knobs = knobs if knobs is not None else Knobs(getattr(getattr(service, "config", None), "bugs", None),
+                                                           "broker")
         self.producers: dict[str, Producer] = {}        # by producer name
         self.subscriptions: dict[str, Subscription] = {}
         self._adds: collections.deque[_PendingAdd] = collections.deque()

@@ -85,9 +85,10 @@ class ModularLoadManager:
         self.incarnation = _now_ms()
         self.decisions: deque[dict[str, Any]] = deque(maxlen=500)
         self.counters = {"unload_broker": 0, "unload_bundle": 0, "split": 0, "assign": 0}
-        # bug knobs (clusters/bugs.py)
-        self.shed_to_owner = bool(service.bug("lb.shed_to_owner"))
-        self.keep_preallocations = bool(service.bug("lb.keep_preallocations"))
+        # bug knobs (clusters/bugs.py): the broker's, seen as the load balancer's
+        self.knobs = service.knobs.of("load-balancer")
+        self.shed_to_owner = self.knobs.on("lb.shed_to_owner")
+        self.keep_preallocations = self.knobs.on("lb.keep_preallocations")
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -513,7 +514,7 @@ class ModularLoadManager:
             raise BundleError(str(e)) from None
         if not cuts:
             raise BundleError(f"{algo} finds no split position in {bundle} ({len(topics)} topics)")
-        children = await svc.ownership.split(bundle, list(cuts), cas=not svc.bug("broker.split_without_cas"))
+        children = await svc.ownership.split(bundle, list(cuts))
         self._event("split", bundle=str(bundle), children=[c.range_name for c in children], algorithm=algo,
                     unload=unload, source=self.broker_id)
         if unload:
