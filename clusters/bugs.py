@@ -1,68 +1,140 @@
 """The reference system's bug knobs: ordinary, documented options that restore a known unsafe behaviour.
 
-They exist so that a test can prove the harness catches the bug; all are off (safe) by default.
-A new one is one entry here, read with `value(cfg.bugs, key)` where the behaviour lives
-(docs/extending.md).
+They exist so that a test can prove the harness catches the bug; all are safe by default.
+
+`REGISTRY` (a `core.registry.Registry`, like the faults', workloads' and checkers') maps each knob's name
+to its `Knob`: the component it belongs to, its safe default, what the unsafe value does, the upstream
+issue(s) it restores, and the scenario that exposes it (`pulsar-chaos bugs` lists them). A plugin adds
+one with `REGISTRY.register(name, Knob(...))`.
+
+Every component of the reference system receives its knobs the one way: a `Knobs` object built from
+its node's `bugs` map and the component's name, at construction (`Knobs(cfg.bugs, "broker")`, or the
+owner's `knobs.of("bookkeeper-client")`), and asks it `knobs.on("broker.schema_no_cas")`. It refuses an
+unknown knob and a knob of another component, so a typo cannot silently read the default.
+docs/extending.md has the recipe for a new knob.
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import re
+from collections.abc import Mapping
+from dataclasses import KW_ONLY, dataclass
+from typing import Any
+
+from core.registry import Registry
+
+# the parts of the reference system a knob can belong to (the `component` of a Knob, of a Knobs)
+COMPONENTS = ("bookie", "bookkeeper-client", "managed-ledger", "broker", "load-balancer")
+_ISSUE = re.compile(r"^[\w.-]+/[\w.-]+#\d+$")
 
 
-class Knob(NamedTuple):
-    """A bug knob's declaration: its safe default, and what turning it to the unsafe value does."""
+@dataclass(frozen=True)
+class Knob:
+    """A bug knob's declaration. `issues`: the upstream issues or pull requests whose bug it restores
+    ("apache/pulsar#7517"; empty for a knob that models a setting, e.g. journalSyncData=false, or an
+    unsafe design no issue names); `scenario`: the `pulsar-chaos run` arguments that expose it (its
+    row of campaigns/detection.toml), to which `--bug NAME` is added."""
     default: Any
     help: str
+    _: KW_ONLY
+    component: str
+    issues: tuple[str, ...] = ()
+    scenario: str = ""
+
+    def __post_init__(self) -> None:
+        if self.component not in COMPONENTS:
+            raise ValueError(f"Knob(component={self.component!r}): use one of {', '.join(COMPONENTS)}")
+        if isinstance(self.issues, str):
+            raise ValueError(f"Knob(issues={self.issues!r}) must be a tuple of 'owner/repo#N', e.g. "
+                             f"('apache/pulsar#7517',)")
+        bad = [i for i in self.issues if not _ISSUE.match(i)]
+        if bad:
+            raise ValueError(f"Knob(issues=...) names {bad}; write each as 'owner/repo#N', e.g. apache/pulsar#7517")
+
+    def to_json(self, name: str) -> dict[str, Any]:
+        return {"name": name, "component": self.component, "default": self.default, "issues": list(self.issues),
+                "scenario": self.scenario, "help": self.help}
 
 
-KNOBS: dict[str, Knob] = {
+_FENCING = "--workload log --nemesis zk-isolate --nemesis-interval 15 --time-limit 35"
+_LB = "--brokers 3 --topics 40 --lb-setting loadBalancerReportUpdateMinIntervalMillis=1000"
+_SHED = ("--workload balance --nemesis none --brokers 3 --topics 40 --time-limit 45 "
+         "--lb-setting loadBalancerReportUpdateMinIntervalMillis=1000 "
+         "--lb-setting loadBalancerSheddingIntervalMinutes=0.1 --lb-setting defaultNumberOfNamespaceBundles=12 "
+         "--lb-setting loadBalancerOverrideBrokerNicSpeedGbps=0.0001 "
+         "--lb-setting loadBalancerBrokerOverloadedThresholdPercentage=1 "
+         "--lb-setting loadBalancerBundleUnloadMinThroughputThreshold=0")
+_ROUND2 = "--nemesis kill,partition,zk-isolate --time-limit 60 --settle 10"
+
+# the order is the order of `pulsar-chaos bugs`
+REGISTRY: Registry[Knob] = Registry("bug knob", {
     "bookie.ack_before_fsync": Knob(
         False, "bookie acknowledges an add once the journal write is issued, before fsync "
-               "(BookKeeper's journalSyncData=false): power loss can lose acknowledged entries"),
+               "(BookKeeper's journalSyncData=false): power loss can lose acknowledged entries",
+        component="bookie", scenario="--workload log --nemesis power-loss --nemesis-interval 10 --time-limit 30"),
     "bookie.ignore_fence": Knob(
         False, "bookie keeps accepting normal adds on a ledger it has fenced (it still records the "
                "fence and answers fencing reads), so a writer whose ledger was recovered and closed "
-               "by another client keeps getting adds acknowledged beyond the closed end"),
+               "by another client keeps getting adds acknowledged beyond the closed end",
+        component="bookie", scenario="--workload ledger --nemesis none --time-limit 10 "
+                                     "--option recover_interval=1.0 --option ledger_max_entries=0"),
     "broker.recovery_fencing": Knob(
         True, "when false, a broker taking over a topic closes the previous owner's ledger in "
               "metadata without fencing it on the bookies, so the old owner can keep getting "
-              "adds acknowledged that nobody will ever read"),
+              "adds acknowledged that nobody will ever read",
+        component="managed-ledger", scenario=_FENCING),
     "broker.dedup_pushed_only": Knob(
         False, "deduplication compares a message against the highest sequence id *pushed* to the ledger "
                "and keeps it after a failed write (Pulsar before apache/pulsar#5243, the bug of #5218), so "
                "a producer's resend of a message whose write failed is acknowledged as a duplicate and "
-               "never stored"),
+               "never stored",
+        component="broker", issues=("apache/pulsar#5218", "apache/pulsar#5243"),
+        scenario="--workload queue --option dedup=true --nemesis kill:ledger-bookies,flaky:owner "
+                 "--nemesis-interval 10 --time-limit 30"),
     "broker.reactivate_on_release_failure": Knob(
         False, "a broker whose ZooKeeper delete of a bundle lock fails while unloading it re-activates the "
                "bundle and serves it again, although the delete's outcome is unknown and another broker may "
-               "own it now (apache/pulsar#7517; the two-owner family of #24478): two owners"),
+               "own it now (apache/pulsar#7517; the two-owner family of #24478): two owners",
+        component="broker", issues=("apache/pulsar#7517", "apache/pulsar#24478"),
+        scenario=f"--workload balance --nemesis unload:lost-answer --time-limit 45 {_LB}"),
     "broker.split_without_cas": Knob(
         False, "a bundle split reads the namespace's boundaries and writes them back without a version "
                "check, in separate steps, so concurrent splits of one namespace overwrite each other's "
                "boundaries (apache/pulsar#1117, #1428): a split's children vanish from the boundaries while "
-               "their owner serves them, and the parent range is assigned again"),
+               "their owner serves them, and the parent range is assigned again",
+        component="broker", issues=("apache/pulsar#1117", "apache/pulsar#1428"),
+        scenario=f"--workload balance --nemesis split --nemesis-interval 2 --time-limit 40 {_LB}"),
     "broker.schema_no_cas": Knob(
         False, "a new schema version is written to the topic's schema locator znode without a version "
                "check (Pulsar's BookkeeperSchemaStorage does a compare-and-set, and nothing else orders "
                "writers), so two producers or registrations bringing new schemas to one owner at once, or an "
                "old and a new owner during a takeover, both get the same version number for different "
-               "schemas, and one of them is lost"),
+               "schemas, and one of them is lost",
+        component="broker", scenario=f"--workload schema {_ROUND2}"),
     "broker.delayed_index_in_memory": Knob(
         False, "a delayed message (deliverAt/deliverAfter on Shared and Key_Shared) counts as consumed for the "
                "subscription's persisted position while it waits in the broker's in-memory delayed index, so a "
-               "broker crash or an owner change loses every delayed message not yet delivered"),
+               "broker crash or an owner change loses every delayed message not yet delivered",
+        component="broker", scenario=f"--workload queue --option delay_max_ms=3000 {_ROUND2}"),
     "lb.shed_to_owner": Knob(
         False, "load shedding may choose the bundle's current owner as the destination, so the bundle is "
-               "unloaded and assigned back to the same broker over and over (apache/pulsar#20822)"),
+               "unloaded and assigned back to the same broker over and over (apache/pulsar#20822)",
+        component="load-balancer", issues=("apache/pulsar#20822",), scenario=_SHED),
     "lb.keep_preallocations": Knob(
         False, "the leader never releases a bundle's preallocation, neither when the bundle shows in a load report "
                "nor when its broker dies, so it keeps assigning the bundle to a dead broker (apache/pulsar#478, "
-               "#481)"),
-}
+               "#481)",
+        component="load-balancer", issues=("apache/pulsar#478", "apache/pulsar#481"),
+        scenario=f"--workload balance --nemesis kill:broker --nemesis-interval 12 --time-limit 50 {_LB}"),
+})
+KNOBS = REGISTRY        # the name callers used before the registry
 
 
 class UnknownBugKnob(ValueError):
-    pass
+    """A knob name no entry has."""
+
+
+class KnobOfAnotherComponent(UnknownBugKnob):
+    """A component asked for a knob that belongs to another one."""
 
 
 def parse_value(raw: str) -> Any:
@@ -87,17 +159,73 @@ def parse(items: list[str] | None) -> dict[str, Any]:
     for item in items or []:
         key, sep, raw = item.partition("=")
         key = key.strip()
-        if key not in KNOBS:
-            known = ", ".join(sorted(KNOBS))
+        if key not in REGISTRY:
+            known = ", ".join(sorted(REGISTRY))
             raise UnknownBugKnob(f"unknown bug knob {key!r}; known knobs: {known}")
         out[key] = parse_value(raw) if sep else True
     return out
 
 
-def value(bugs: dict[str, Any] | None, key: str) -> Any:
-    """The knob's value in this configuration, its safe default if unset."""
-    if key not in KNOBS:
-        raise UnknownBugKnob(key)
+def value(bugs: Mapping[str, Any] | None, key: str) -> Any:
+    """The knob's value in this configuration, its safe default if unset (any component's knob: for
+    the harness side; a component reads its own through its `Knobs`)."""
+    if key not in REGISTRY:
+        raise UnknownBugKnob(f"unknown bug knob {key!r}; known knobs: {', '.join(sorted(REGISTRY))}")
     if bugs and key in bugs:
         return bugs[key]
-    return KNOBS[key].default
+    return REGISTRY[key].default
+
+
+def components() -> tuple[str, ...]:
+    return COMPONENTS
+
+
+def of_component(component: str) -> dict[str, Knob]:
+    """The registered knobs of one component, in registry order."""
+    return {name: k for name, k in REGISTRY.items() if k.component == component}
+
+
+class Knobs:
+    """One component's bug knobs: the node's `bugs` map (knob name -> value; a name not in it is at its
+    safe default) seen by one component, which asks `on(name)` or `value(name)`. Asking for an unknown
+    knob or for another component's knob raises (`UnknownBugKnob`, `KnobOfAnotherComponent`): a misspelt
+    name must not read the default silently. `of(other)` is the same map for a component this one builds
+    (the broker's BookKeeper client, its load manager)."""
+
+    __slots__ = ("component", "_values")
+
+    def __init__(self, values: Mapping[str, Any] | None, component: str):
+        if component not in COMPONENTS:
+            raise ValueError(f"unknown component {component!r} for bug knobs; use one of {', '.join(COMPONENTS)}")
+        self.component = component
+        self._values: dict[str, Any] = dict(values or {})
+
+    @classmethod
+    def defaults(cls, component: str) -> "Knobs":
+        """Every knob at its safe default (harness-side clients, tests)."""
+        return cls(None, component)
+
+    def of(self, component: str) -> "Knobs":
+        return self if component == self.component else Knobs(self._values, component)
+
+    def value(self, name: str) -> Any:
+        knob = REGISTRY.get(name)
+        if knob is None:
+            mine = ", ".join(of_component(self.component)) or "none"
+            raise UnknownBugKnob(f"unknown bug knob {name!r} read by the {self.component}; its knobs: {mine}")
+        if knob.component != self.component:
+            raise KnobOfAnotherComponent(f"bug knob {name!r} belongs to the {knob.component}, not the "
+                                         f"{self.component}; read it there, through that component's knobs")
+        return self._values.get(name, knob.default)
+
+    def on(self, name: str) -> bool:
+        """The knob's value as a switch."""
+        return bool(self.value(name))
+
+    def unsafe(self) -> dict[str, Any]:
+        """This component's knobs set off their safe default."""
+        return {n: self._values[n] for n, k in of_component(self.component).items()
+                if n in self._values and self._values[n] != k.default}
+
+    def __repr__(self) -> str:
+        return f"Knobs({self.component}, {self.unsafe()})"

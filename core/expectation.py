@@ -1,7 +1,7 @@
 """A run's expectation: valid, or invalid because something unsafe is on purpose (a bug knob, a
 workload's deliberately unsafe option), with the reason; and whether a verdict met it.
 
-The unsafe things are declared where they live (`clusters.bugs.KNOBS`, each workload module's
+The unsafe things are declared where they live (`clusters.bugs.REGISTRY`, each workload module's
 `UNSAFE`); this module only combines those declarations, so the runner, `check`, `report`, the
 campaign runner and the Spark analysis all judge a run the same way.
 """

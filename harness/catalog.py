@@ -39,7 +39,7 @@ class RegistryCatalog:
 
     def bug_knob_names(self) -> Sequence[str]:
         from clusters import bugs
-        return tuple(bugs.KNOBS)
+        return bugs.REGISTRY.names()
 
     def unsafe_causes(self, workload: str, options: Mapping[str, Any], bugs: Mapping[str, Any]) -> list[Any]:
         import workloads

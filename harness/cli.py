@@ -414,7 +414,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--write-quorum", type=int, default=None, metavar="N", help="copies of each entry, Qw (default 2)")
     p.add_argument("--ack-quorum", type=int, default=None, metavar="N", help="acks before an add succeeds, Qa (default 2)")
     p.add_argument("--bug", action="append", default=None, metavar="KEY[=VALUE]",
-                   help="turn on a bug knob of the reference system (repeatable)")
+                   help="turn on a bug knob of the reference system (repeatable; `pulsar-chaos bugs` lists them)")
     _lb_args(p, None)
     p.add_argument("--seed", type=int, default=None, metavar="N", help="random seed (default: a random one, saved in test.toml)")
     p.add_argument("--test-name", default=None, metavar="NAME", help="the run folder's parent name (default log-chaos)")
@@ -433,33 +433,40 @@ _RUN_FLAGS = ("workload", "nemesis", "nemesis_interval", "nemesis_overlap", "tim
               "results_dir", "backend", "settle", "final_read_timeout", "client_lifetime", "load_manager")
 
 
-@command("run", "run a chaos test: deploy a cluster, drive the workload under faults, check the history, "
-                "write the report (exit 0 valid, 1 invalid, 2 unknown, 254 bad spec, 255 crashed)", _run_args)
-def _run(args: argparse.Namespace) -> int:
+def run_spec(args: argparse.Namespace) -> Any:
+    """The validated TestSpec of `run`'s arguments (the --spec file, then the flags); SpecError if bad."""
     from clusters import bugs
-    from clusters.deploy.backend import ClusterError
     from harness import runner
     from core.spec import SpecError
     overrides = {k: getattr(args, k) for k in _RUN_FLAGS}
+    if args.bug:
+        try:
+            overrides["bugs"] = bugs.parse(args.bug)
+        except bugs.UnknownBugKnob as e:
+            raise SpecError("--bug", str(e), "drop that --bug or use a known knob (pulsar-chaos bugs)") from None
+    if args.lb_setting:
+        overrides["lb_settings"] = _lb_settings(args.lb_setting)
+    if args.option:
+        from core.spec import parse_options
+        overrides["options"] = parse_options(args.option)
+    if args.nemesis_schedule:
+        overrides["nemesis_schedule"] = load_schedule(args.nemesis_schedule)
+    if args.grudge:
+        try:
+            overrides["grudge"] = json.loads(args.grudge)
+        except ValueError as e:
+            raise SpecError("--grudge", f"not JSON ({e})", """write e.g. '{"broker-1": ["zk-1"]}'""") from None
+    return runner.spec_from_args(args.spec, overrides)
+
+
+@command("run", "run a chaos test: deploy a cluster, drive the workload under faults, check the history, "
+                "write the report (exit 0 valid, 1 invalid, 2 unknown, 254 bad spec, 255 crashed)", _run_args)
+def _run(args: argparse.Namespace) -> int:
+    from clusters.deploy.backend import ClusterError
+    from harness import runner
+    from core.spec import SpecError
     try:
-        if args.bug:
-            try:
-                overrides["bugs"] = bugs.parse(args.bug)
-            except bugs.UnknownBugKnob as e:
-                raise SpecError("--bug", str(e), "drop that --bug or use a known knob") from None
-        if args.lb_setting:
-            overrides["lb_settings"] = _lb_settings(args.lb_setting)
-        if args.option:
-            from core.spec import parse_options
-            overrides["options"] = parse_options(args.option)
-        if args.nemesis_schedule:
-            overrides["nemesis_schedule"] = load_schedule(args.nemesis_schedule)
-        if args.grudge:
-            try:
-                overrides["grudge"] = json.loads(args.grudge)
-            except ValueError as e:
-                raise SpecError("--grudge", f"not JSON ({e})", """write e.g. '{"broker-1": ["zk-1"]}'""") from None
-        spec = runner.spec_from_args(args.spec, overrides)
+        spec = run_spec(args)
         runner.preflight(spec)           # root, iproute2, iptables, ZooKeeper: before any run folder
     except (SpecError, ClusterError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -648,6 +655,50 @@ def _lin(args: argparse.Namespace) -> int:
         else:
             print(f"unknown: {st.get('reason', 'the search did not finish')} ({what})")
     return 0 if r.valid is True else 1 if r.valid is False else 2
+
+
+# ------------------------------------------------------------------------------------ bugs
+
+def _bugs_args(p: argparse.ArgumentParser) -> None:
+    from clusters.bugs import COMPONENTS
+    _strict_usage(p)
+    p.add_argument("--component", default=None, metavar="NAME",
+                   help=f"only the knobs of one component: {', '.join(COMPONENTS)}")
+    p.add_argument("--json", action="store_true", help="print the knobs as a JSON list (with each one's help)")
+
+
+def bug_lines(knobs: "list[tuple[str, Any]]") -> list[str]:
+    """One line per knob: name, component, safe default, upstream issues, then the scenario that exposes
+    it as a `pulsar-chaos run` command with the knob at its unsafe value."""
+    if not knobs:
+        return []
+    wn = max(len(n) for n, _ in knobs)
+    wc = max(len(k.component) for _, k in knobs)
+    wi = max(len(",".join(k.issues) or "-") for _, k in knobs)
+    out = []
+    for name, k in knobs:
+        default = json.dumps(k.default)
+        turn = name if k.default is False else f"{name}={json.dumps(not k.default)}" if isinstance(
+            k.default, bool) else f"{name}=VALUE"
+        scenario = f"pulsar-chaos run {k.scenario} --bug {turn}" if k.scenario else "no scenario yet"
+        out.append(f"{name:{wn}}  {k.component:{wc}}  default={default:5}  "
+                   f"{','.join(k.issues) or '-':{wi}}  {scenario}")
+    return out
+
+
+@command("bugs", "list the reference system's bug knobs, one a line: name, component, safe default, upstream "
+                 "issue(s), the scenario that exposes it", _bugs_args)
+def _bugs(args: argparse.Namespace) -> int:
+    from clusters import bugs
+    if args.component is not None and args.component not in bugs.COMPONENTS:
+        raise UserError(f"unknown component {args.component!r}", f"use one of {', '.join(bugs.COMPONENTS)}")
+    knobs = [(n, k) for n, k in bugs.REGISTRY.items() if args.component in (None, k.component)]
+    if args.json:
+        print(json.dumps([k.to_json(n) for n, k in knobs], indent=1))
+    else:
+        for line in bug_lines(knobs):
+            print(line)
+    return 0
 
 
 # ------------------------------------------------------------------------------------ plumbing

@@ -83,8 +83,8 @@ class Run:
         from clusters import bugs
         out = []
         for k, v in sorted((self._get("bugs", {}) or {}).items()):
-            safe = bugs.KNOBS.get(k, (None,))[0]
-            if k not in bugs.KNOBS or v != safe:
+            knob = bugs.REGISTRY.get(k)
+            if knob is None or v != knob.default:
                 out.append(f"{k}={json.dumps(v) if not isinstance(v, str) else v}")
         return out
 

@@ -66,7 +66,7 @@ def options(name: str, given: dict[str, Any]) -> dict[str, Any]:
 
 def unsafe_causes(name: str, given: dict[str, Any] | None, bugs: dict[str, Any] | None) -> list[Any]:
     """Why a configuration must be invalid (`core.expectation.Cause`s): the bug knobs set off their safe
-    default (`clusters.bugs.KNOBS`) and the workload's deliberately unsafe settings (its `UNSAFE`)."""
+    default (`clusters.bugs.REGISTRY`) and the workload's deliberately unsafe settings (its `UNSAFE`)."""
     from clusters import bugs as bug_knobs
     from core.expectation import causes
     try:
@@ -74,4 +74,4 @@ def unsafe_causes(name: str, given: dict[str, Any] | None, bugs: dict[str, Any] 
         unsafe, defaults = getattr(mod, "UNSAFE", ()), {k: d for k, (d, _) in mod.OPTIONS.items()}
     except Exception:                     # a workload this checkout lacks: its knobs still count
         unsafe, defaults = (), {}
-    return causes(bugs, bug_knobs.KNOBS, name, given, unsafe, defaults)
+    return causes(bugs, bug_knobs.REGISTRY, name, given, unsafe, defaults)

@@ -19,6 +19,7 @@ import logging
 import time
 
 from clusters.bookkeeper.client import BookKeeper
+from clusters.bugs import Knobs
 from clusters.bookkeeper.metadata import AVAILABLE
 from clusters.config import BookieConfig
 from clusters.metadata.store import MetadataStore, NoNode
@@ -45,8 +46,10 @@ class AutoRecovery:
     def __init__(self, zk: str, bookie_id: str, *, lost_bookie_recovery_delay_s: float = 5.0,
                  audit_interval_s: float = 300.0, open_ledger_rereplication_grace_s: float = 30.0,
                  rereplication_backoff_s: float = 1.0, session_timeout: float = 6.0,
-                 name: str = "", auditor: bool = True, worker: bool = True):
+                 name: str = "", auditor: bool = True, worker: bool = True, knobs: Knobs | None = None):
         self.zk_hosts = zk
+        # the bookie's bug knobs, handed to this process's BookKeeper client (None: all safe)
+        self.knobs = knobs if knobs is not None else Knobs.defaults("bookie")
         self.bookie_id = bookie_id
         self.lost_bookie_recovery_delay_s = lost_bookie_recovery_delay_s
         self.audit_interval_s = audit_interval_s
@@ -72,13 +75,14 @@ class AutoRecovery:
         self._stopping = False
 
     @classmethod
-    def from_config(cls, cfg: BookieConfig) -> "AutoRecovery":
+    def from_config(cls, cfg: BookieConfig, knobs: Knobs | None = None) -> "AutoRecovery":
         return cls(cfg.zk, cfg.bookie_id,
                    lost_bookie_recovery_delay_s=cfg.lost_bookie_recovery_delay_s,
                    audit_interval_s=cfg.audit_interval_s,
                    open_ledger_rereplication_grace_s=cfg.open_ledger_rereplication_grace_s,
                    rereplication_backoff_s=cfg.rereplication_backoff_s,
-                   session_timeout=cfg.zk_session_timeout, name=f"{cfg.name}-autorecovery")
+                   session_timeout=cfg.zk_session_timeout, name=f"{cfg.name}-autorecovery",
+                   knobs=knobs if knobs is not None else Knobs(cfg.bugs, "bookie"))
 
     @property
     def is_auditor(self) -> bool:
@@ -101,7 +105,7 @@ class AutoRecovery:
                                   name=self.name)
             try:
                 await store.start(timeout=15)
-                bk = await BookKeeper(store, name=self.name).start()
+                bk = await BookKeeper(store, name=self.name, knobs=self.knobs).start()
             except asyncio.CancelledError:
                 await asyncio.shield(store.close())
                 raise
@@ -258,8 +262,9 @@ class AutoRecovery:
         return None
 
 
-async def start_in_bookie(cfg: BookieConfig) -> AutoRecovery | None:
-    """The bookie process's hook: start auto-recovery unless `autorecovery_enabled` is off."""
+async def start_in_bookie(cfg: BookieConfig, knobs: Knobs | None = None) -> AutoRecovery | None:
+    """The bookie process's hook: start auto-recovery unless `autorecovery_enabled` is off; its
+    BookKeeper client gets the bookie's bug knobs (`knobs`)."""
     if not cfg.autorecovery_enabled:
         return None
-    return await AutoRecovery.from_config(cfg).start()
+    return await AutoRecovery.from_config(cfg, knobs).start()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import crc32c
 
-from clusters import bugs
+from clusters.bugs import Knobs
 from clusters.config import BookieConfig
 from clusters.metadata.store import MetadataStore, NodeExists, NoNode
 from clusters.metrics import REGISTRY
@@ -111,8 +111,9 @@ class Bookie:
         self.data_dir = Path(cfg.data_dir)
         self.conns: set[_Conn] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
-        ack_early = bool(bugs.value(cfg.bugs, "bookie.ack_before_fsync"))
-        self.ignore_fence = bool(bugs.value(cfg.bugs, "bookie.ignore_fence"))
+        self.knobs = Knobs(cfg.bugs, "bookie")      # bug knobs (clusters/bugs.py)
+        ack_early = self.knobs.on("bookie.ack_before_fsync")
+        self.ignore_fence = self.knobs.on("bookie.ignore_fence")
         self.journal = Journal(self.data_dir / "journal", sync_data=cfg.journal_sync_data,
                                ack_before_fsync=ack_early,
                                max_group_wait_ms=cfg.journal_max_group_wait_ms,
@@ -445,7 +446,7 @@ async def serve(cfg: BookieConfig, stop: asyncio.Event) -> None:
     # auto-recovery (auditor candidate + replication worker) in this process, as BookKeeper's
     # autoRecoveryDaemonEnabled; it connects in the background and stops before the bookie
     from clusters.autorecovery import start_in_bookie
-    recovery = await start_in_bookie(cfg)
+    recovery = await start_in_bookie(cfg, bookie.knobs)
     try:
         await stop.wait()
     finally:

@@ -27,6 +27,7 @@ import crc32c
 from kazoo.exceptions import KazooException
 
 from clusters.bookie import protocol as P
+from clusters.bugs import Knobs
 from clusters.metadata.store import BadVersion, MetadataStore, NodeExists, NoNode
 from clusters.metrics import REGISTRY
 
@@ -53,6 +54,7 @@ ZK_RETRY_FOR = 15.0          # seconds of ZooKeeper connection trouble tolerated
 ZK_OP_TIMEOUT = 10.0         # one ZooKeeper call (zkTimeout)
 QUARANTINE_S = 10.0          # prefer other bookies for this long after one failed
 READ_WINDOW = 512            # max entry reads in flight per read() call
+KNOBS_COMPONENT = "bookkeeper-client"   # its bug knobs' component (clusters/bugs.py)
 RECOVERY_READ_AHEAD = 16
 
 
@@ -62,8 +64,11 @@ def _status_name(st: int) -> str:
 
 class BookKeeper:
     def __init__(self, store: MetadataStore, *, add_timeout: float = 5.0,
-                 read_timeout: float = 5.0, name: str = ""):
+                 read_timeout: float = 5.0, name: str = "", knobs: Knobs | None = None):
         self.store = store
+        # bug knobs (clusters/bugs.py): the owner's (a broker's, a bookie's auto-recovery), seen as the
+        # bookkeeper-client's; None (the harness's clients) is every knob at its safe default
+        self.knobs = knobs.of(KNOBS_COMPONENT) if knobs is not None else Knobs.defaults(KNOBS_COMPONENT)
         self.add_timeout = add_timeout
         self.read_timeout = read_timeout
         self.name = name

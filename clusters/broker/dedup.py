@@ -35,6 +35,7 @@ import time
 from typing import Any
 
 from clusters.broker.managed_ledger import Position
+from clusters.bugs import Knobs
 from clusters.metadata.store import NodeExists, NoNode
 from clusters.protocol import frames
 
@@ -132,9 +133,11 @@ class MessageDeduplication:
 
     def __init__(self, topic: str, ml: Any, snapshots: Any, *, interval: int = SNAPSHOT_INTERVAL,
                  interval_s: float = SNAPSHOT_INTERVAL_S, max_producers: int = MAX_PRODUCERS,
-                 pushed_only: bool = False):
+                 knobs: Knobs | None = None):
         self.topic = topic
-        self.pushed_only = pushed_only      # the bug knob broker.dedup_pushed_only
+        # the broker's bug knobs (clusters/bugs.py); None: all safe
+        self.knobs = knobs if knobs is not None else Knobs.defaults("broker")
+        self.pushed_only = self.knobs.on("broker.dedup_pushed_only")
         self.ml = ml
         self.snapshots = snapshots
         self.interval = max(1, interval)

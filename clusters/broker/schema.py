@@ -42,6 +42,7 @@ from typing import Any
 from clusters.broker import avro_compat
 from clusters.broker.partitions import base_name
 from clusters.broker.policies import SCHEMA_STRATEGIES
+from clusters.bugs import Knobs
 from clusters.bookkeeper.errors import BKNoSuchEntryError, BKNoSuchLedgerError
 from clusters.metadata.store import BadVersion, NodeExists, NoNode
 
@@ -195,11 +196,13 @@ def since_last_delete(stored: list[StoredSchema]) -> list[StoredSchema]:
 class SchemaRegistry:
     """One broker's view of the registry (ZooKeeper `store`, BookKeeper `bk`)."""
 
-    def __init__(self, store: Any, bk: Any, *, persistence: Any = None, cas: bool = True):
+    def __init__(self, store: Any, bk: Any, *, persistence: Any = None, knobs: Knobs | None = None):
         self.store = store
         self.bk = bk
         self.persistence = persistence or (lambda sid: (2, 2, 2))
-        self.cas = cas
+        # the broker's bug knobs (clusters/bugs.py); None: all safe
+        self.knobs = knobs if knobs is not None else Knobs.defaults("broker")
+        self.cas = not self.knobs.on("broker.schema_no_cas")
         self._data: dict[int, SchemaData] = {}            # ledger id -> its schema (immutable), a cache
         self._lids: dict[str, set[int]] = {}              # schema id -> its ledgers in _data
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from clusters import bugs, metrics
+from clusters import metrics
 from clusters.bookkeeper.client import BookKeeper
 from clusters.broker import partitions as parts
 from clusters.broker.dedup import MessageDeduplication, ZkSnapshots
@@ -23,6 +23,7 @@ from clusters.broker.managed_ledger import (ManagedLedger, ManagedLedgerError, M
                                             ml_name)
 from clusters.broker.nonpersistent import NonPersistentTopics, is_non_persistent
 from clusters.broker.topic import ServiceUnitNotReady, Topic
+from clusters.bugs import Knobs
 from clusters.config import BrokerConfig
 from clusters.loadbalancer import manager as load_managers
 from clusters.loadbalancer.bundles import Bundle, topic_namespace
@@ -45,6 +46,7 @@ def topic_policies_path(topic: str) -> str:
 class BrokerService:
     def __init__(self, cfg: BrokerConfig):
         self.config = cfg
+        self.knobs = Knobs(cfg.bugs, "broker")   # bug knobs (clusters/bugs.py), handed to what it builds
         self.store = MetadataStore(cfg.zk, session_timeout=cfg.zk_session_timeout, name=cfg.name)
         self.bk: Any = None
         self.schemas: Any = None                 # the schema registry (clusters/broker/schema.py)
@@ -72,9 +74,9 @@ class BrokerService:
         from clusters.broker.connection import serve_connections
         await self.store.start()
         self.bk = await BookKeeper(self.store, add_timeout=self.config.add_timeout_s,
-                                   name=self.config.name).start()
+                                   name=self.config.name, knobs=self.knobs).start()
         self.schemas = schemas.SchemaRegistry(self.store, self.bk, persistence=self._schema_persistence,
-                                              cas=not self.bug("broker.schema_no_cas"))
+                                              knobs=self.knobs)
         # Listen before registering: a registered broker must be reachable.
         self.server = await serve_connections(self, self.config.host, self.config.port)
         self.http = await serve_http(self)          # the admin HTTP API (clusters/broker/http.py)
@@ -110,10 +112,6 @@ class BrokerService:
         if self.bk is not None:
             await self.bk.close()
         await self.store.close()
-
-    def bug(self, key: str) -> Any:
-        """A bug knob's value in this broker's configuration (clusters/bugs.py)."""
-        return bugs.value(self.config.bugs, key)
 
     # -- what the protocol side calls --------------------------------------------
     def register_connection(self, cnx: Any) -> None:
@@ -175,7 +173,7 @@ class BrokerService:
             raise ServiceUnitNotReady(f"Failed to load topic {topic}: {e}") from e
         except Exception as e:  # ZooKeeper unreachable, etc.: the client retries
             raise ServiceUnitNotReady(f"Failed to load topic {topic}: {e}") from e
-        t = Topic(topic, ml, self)
+        t = Topic(topic, ml, self, knobs=self.knobs)
 
         async def step(what: str, coro: Any) -> Any:
             """A loading step; on failure the ledger is closed and the topic not loaded (the client retries)."""
@@ -190,7 +188,7 @@ class BrokerService:
                 raise ServiceUnitNotReady(f"Failed to load topic {topic}: {what}: {e}") from e
         t.compacted = await step("compacted ledger", compaction.load_view(self.store, self.bk, ml_name(topic)))
         t.dedup = MessageDeduplication(topic, ml, ZkSnapshots(self.store, ml_name(topic)),
-                                       pushed_only=bool(bugs.value(self.config.bugs, "broker.dedup_pushed_only")))
+                                       knobs=self.knobs)
         # before any producer attaches: rebuild the sequence ids from the snapshot and the entries
         # after it (the state the previous owner had), or drop a stale dedup cursor
         async def dedup_state() -> None:

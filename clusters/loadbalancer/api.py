@@ -88,7 +88,7 @@ class BrokerServices(Protocol):
     io: Any                        # clusters.loadbalancer.signals.IoCounters
     topics: Mapping[str, Any]      # the topics this broker serves, by name
 
-    def bug(self, key: str) -> Any: ...
+    knobs: Any                     # the broker's bug knobs (clusters.bugs.Knobs); `.of(component)` for another
 
     def rate(self, *key: Any) -> tuple[float, float]: ...
 

@@ -65,8 +65,6 @@ class ModularLoadManager:
         # ownership by ZooKeeper locks; an unowned bundle's broker is this load manager's choice
         self.ownership = ZkOwnership(self.store, cfg, on_lost=service.bundle_lost)
         self.ownership.assign = self.assign
-        # bug knob broker.reactivate_on_release_failure (zk_ownership.py's release)
-        self.ownership.reactivate_on_failure = bool(service.bug("broker.reactivate_on_release_failure"))
         self.usage = HostUsage(service.io, cpu_cores=cfg.cpu_cores, memory_limit_mb=cfg.memory_limit_mb,
                                nic_speed_gbps=self.settings.loadBalancerOverrideBrokerNicSpeedGbps or cfg.nic_speed_gbps)
         self._leader: dict[str, Any] | None = None
@@ -81,10 +79,12 @@ class ModularLoadManager:
         self.incarnation = _now_ms()
         self.decisions: deque[dict[str, Any]] = deque(maxlen=500)
         self.counters = {"unload_broker": 0, "unload_bundle": 0, "split": 0, "assign": 0}
-        # the leader's decisions, I/O-free (modular_leader.py); bug knobs of clusters/bugs.py
+        # bug knobs (clusters/bugs.py): the broker's, seen as the load balancer's; the leader's decisions,
+        # I/O-free (modular_leader.py)
+        self.knobs = service.knobs.of("load-balancer")
         self.lead = ModularLeader(self.settings, random.Random(),
-                                  shed_to_owner=bool(service.bug("lb.shed_to_owner")),
-                                  keep_preallocations=bool(service.bug("lb.keep_preallocations")))
+                                  shed_to_owner=self.knobs.on("lb.shed_to_owner"),
+                                  keep_preallocations=self.knobs.on("lb.keep_preallocations"))
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -486,7 +486,7 @@ class ModularLoadManager:
             raise BundleError(str(e)) from None
         if not cuts:
             raise BundleError(f"{algo} finds no split position in {bundle} ({len(topics)} topics)")
-        children = await self.ownership.split(bundle, list(cuts), cas=not svc.bug("broker.split_without_cas"))
+        children = await self.ownership.split(bundle, list(cuts))
         self._event("split", bundle=str(bundle), children=[c.range_name for c in children], algorithm=algo,
                     unload=unload, source=self.broker_id)
         if unload:

@@ -11,6 +11,7 @@ import json
 import logging
 from typing import Any, Awaitable, Callable
 
+from clusters.bugs import Knobs
 from clusters.config import BrokerConfig
 from clusters.loadbalancer.bundles import (NAMESPACE_ROOT, Bundle, BundleError, BundleFactory,  # noqa: F401
                                            NamespaceBundles, bundle_of, bundles_data, default_bundles,
@@ -34,14 +35,13 @@ class ZkOwnership:
                  on_lost: Callable[[Bundle], Any] | None = None):
         self.store = store
         self.cfg = cfg
+        self.knobs = Knobs(cfg.bugs, "broker")     # bug knobs (clusters/bugs.py)
         self.me = f"{cfg.host}:{cfg.port}"
         self.owned: set[Bundle] = set()
         self.on_lost = on_lost
         self.factory = BundleFactory(store, int(cfg.bundles))
         # the load manager's choice for an unowned bundle (clusters/loadbalancer/manager.py)
         self.assign: Callable[[Bundle], Awaitable[Assignment]] | None = None
-        # bug knob broker.reactivate_on_release_failure (see release)
-        self.reactivate_on_failure = False
         self._session_lost = False
         self._recheck: asyncio.Task | None = None
 
@@ -183,7 +183,7 @@ class ZkOwnership:
                 await self.store.delete(bundle.path)
             return True
         except Exception as e:
-            if self.reactivate_on_failure:
+            if self.knobs.on("broker.reactivate_on_release_failure"):
                 # bug knob broker.reactivate_on_release_failure (apache/pulsar#7517; #24478 family):
                 # the delete failed (its outcome unknown: the lock may be gone), and the broker
                 # re-activates the bundle and serves it again, while another broker may take it
@@ -199,15 +199,16 @@ class ZkOwnership:
             await self.release(b)
 
     # -- splitting ------------------------------------------------------------------------
-    async def split(self, bundle: Bundle, cuts: list[int], *, cas: bool = True) -> list[Bundle]:
+    async def split(self, bundle: Bundle, cuts: list[int]) -> list[Bundle]:
         """Split a bundle this broker owns at `cuts`: the namespace's boundaries gain the cuts, the
         children's locks are taken and the parent's released, all in one ZooKeeper transaction that
         checks the boundaries' version (retried on a concurrent change, as Pulsar retries BadVersion
         up to BUNDLE_SPLIT_RETRY_LIMIT times). Topics stay loaded: they now belong to the children.
 
-        `cas=False` is the bug knob `broker.split_without_cas` (apache/pulsar#1117): the boundaries are
-        read, then written back without a version check, in separate steps, so two concurrent splits
-        of one namespace overwrite each other's boundaries."""
+        The bug knob `broker.split_without_cas` (apache/pulsar#1117): the boundaries are read, then
+        written back without a version check, in separate steps, so two concurrent splits of one
+        namespace overwrite each other's boundaries."""
+        cas = not self.knobs.on("broker.split_without_cas")
         if bundle not in self.owned:
             raise BundleError(f"{bundle} is not owned by this broker")
         path = local_policies_path(bundle.namespace)

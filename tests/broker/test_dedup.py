@@ -58,8 +58,8 @@ async def open_topic(storage: MemoryStorage, saved: dict, *, enabled: bool = Tru
                      interval: int = 1000, bugs: dict | None = None) -> tuple[Topic, MemoryManagedLedger]:
     ml = MemoryManagedLedger("public/default/persistent/dedup", storage)
     t = Topic(T, ml, None)
-    pushed_only = bool(bug_knobs.value(bugs, "broker.dedup_pushed_only"))    # as the broker service reads it
-    t.dedup = MessageDeduplication(T, ml, MemorySnapshots(saved), interval=interval, pushed_only=pushed_only)
+    knobs = bug_knobs.Knobs(bugs, "broker")            # as the broker service hands them over
+    t.dedup = MessageDeduplication(T, ml, MemorySnapshots(saved), interval=interval, knobs=knobs)
     await t.dedup.apply(enabled)
     return t, ml
 

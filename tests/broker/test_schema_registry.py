@@ -8,6 +8,8 @@ import json
 
 import pytest
 
+from clusters.bugs import Knobs
+
 from clusters.bookkeeper.errors import BKNoSuchLedgerError
 from clusters.broker import avro_compat
 from clusters.broker import schema as S
@@ -204,7 +206,7 @@ def test_concurrent_writers_on_one_registry_race_through_the_compare_and_set(cas
     same version number and the locator keeps only one of them."""
     async def main():
         store, bk = _Store(), _BK()
-        reg = S.SchemaRegistry(store, bk, cas=cas)
+        reg = S.SchemaRegistry(store, bk, knobs=Knobs({} if cas else {"broker.schema_no_cas": True}, "broker"))
         got = await asyncio.gather(*(reg.put_if_absent("t/n/a", sd(s), "ALWAYS_COMPATIBLE") for s in EVOLVED))
         index = [(s.version, json.loads(s.schema.data)) for s in await S.SchemaRegistry(store, bk).get_all("t/n/a")]
         return got, index

@@ -283,8 +283,8 @@ def _subscribe(r: Raw, sub: str, consumer_id: int, request_id: int, name: str = 
 
 
 def test_a_dead_exclusive_consumer_is_evicted_by_a_liveness_check(raw_broker, monkeypatch):
-    from clusters.broker import topic as topic_mod
-    monkeypatch.setattr(topic_mod, "LIVENESS_CHECK_TIMEOUT", 0.5)
+    from clusters.broker import subscription
+    monkeypatch.setattr(subscription, "LIVENESS_CHECK_TIMEOUT", 0.5)
     port = raw_broker.service.config.port
     alive, dead, newcomer = Raw(port), Raw(port), Raw(port)
     try:

@@ -75,13 +75,13 @@ def test_bundles_data_is_validated():
             parse_range("t/ns", bad)
 
 
-def _cfg(i: int, zk: str) -> BrokerConfig:
-    return BrokerConfig(name=f"broker-{i}", host=f"127.0.0.{i}", zk=zk, data_dir="/tmp")
+def _cfg(i: int, zk: str, bugs: dict | None = None) -> BrokerConfig:
+    return BrokerConfig(name=f"broker-{i}", host=f"127.0.0.{i}", zk=zk, data_dir="/tmp", bugs=bugs or {})
 
 
-async def _owner(zk: str, i: int) -> tuple[MetadataStore, Ownership]:
+async def _owner(zk: str, i: int, bugs: dict | None = None) -> tuple[MetadataStore, Ownership]:
     store = await MetadataStore(zk, name=f"b{i}").start()
-    o = Ownership(store, _cfg(i, zk))
+    o = Ownership(store, _cfg(i, zk, bugs))
     await o.start()
     return store, o
 
@@ -135,15 +135,17 @@ def test_a_split_moves_ownership_to_the_children_in_one_step_and_others_see_it(z
 
 
 async def _concurrent_splits(zk: str, cas: bool) -> tuple[list[int], set, set]:
-    """Two brokers split two different bundles of one namespace at the same moment."""
-    s1, a = await _owner(zk, 1)
-    s2, b = await _owner(zk, 2)
+    """Two brokers split two different bundles of one namespace at the same moment (`cas=False`: both
+    with the bug knob broker.split_without_cas)."""
+    bugs = {} if cas else {"broker.split_without_cas": True}
+    s1, a = await _owner(zk, 1, bugs)
+    s2, b = await _owner(zk, 2, bugs)
     try:
         nb = await a.namespace_bundles("public/default")
         first, second = nb.bundles[0], nb.bundles[2]
         assert await a.acquire(first) == a.me and await b.acquire(second) == b.me
-        await asyncio.gather(a.split(first, [first.lower + 0x10000000], cas=cas),
-                             b.split(second, [second.lower + 0x10000000], cas=cas))
+        await asyncio.gather(a.split(first, [first.lower + 0x10000000]),
+                             b.split(second, [second.lower + 0x10000000]))
         final = (await a.namespace_bundles("public/default", fresh=True)).boundaries
         return final, set(a.owned), set(b.owned)
     finally:
