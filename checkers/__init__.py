@@ -43,6 +43,9 @@ REGISTRY: Registry[Checker] = Registry("checker", {
     "linear": Checker("checkers.linear", "linearizability against a model (opts['model'], default cas-register)"),
     "ownership": Checker("checkers.ownership", "one owner per bundle at a time, boundaries that partition the "
                          "hash space, shedding rules, no serving without the lock", observers=("bundle-owner",)),
+    "channel": Checker("checkers.channel", "the extensible load manager's state channel replayed by an oracle of "
+                       "its conflict resolver: versions, the brokers' views, double owners, stuck in-flight "
+                       "states, splits", observers=("bundle-owner",)),
     "balance": Checker("checkers.balance", "load per broker over time, time to a balanced cluster after brokers "
                        "leave or join, unloads and splits, per-topic unavailability during unloads"),
     "schema": Checker("checkers.schema", "schema versions of messages against the registry: lost-version, "

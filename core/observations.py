@@ -35,6 +35,17 @@ monotonic time at which the observer learnt it (the same clock as every other op
 - `lb-leader` key = `/loadbalance/leader`; {"event", "broker", "czxid", "mzxid", "session", "zxid", "data"}.
 - `lb-event` key = the bundle `<tenant>/<ns>/0x..._0x...`: a decision a broker logged (an unload, a
   split) in the shape `LB_EVENT_FIELDS` documents; see docs/architecture.md.
+- `channel-message` key = the bundle: one message of the extensible load manager's service-unit state
+  channel (`CHANNEL_TOPIC`), in the topic's order; {"message_id": [ledger, entry, batch index],
+  "publish_ms" (the publishing broker's wall clock), "wall_ms" (the observer's wall clock when it read
+  it), "value": the record's JSON (Pulsar's ServiceUnitStateData: state, dstBroker, sourceBroker,
+  splitServiceUnitToDestBroker, force, timestamp, versionId) or null for a tombstone (an empty value),
+  "undecodable": the text, when the value is neither}. Messages read again after a gap repeat their
+  message ids; readers keep the first.
+- `channel-view` key = a broker's id (`host:http port`): one sample of that broker's table view
+  (`GET /admin/v2/loadbalancer/channel`): {"broker", "leader", "last_applied": [ledger, entry] | null
+  (the last channel message applied), "records": {bundle: record JSON}, "wall_ms", "final": true on the
+  samples taken after the run} or {"error", "wall_ms"} when it did not answer.
 """
 from __future__ import annotations
 
@@ -55,8 +66,10 @@ BOUNDARIES = "boundaries"
 LB_LEADER = "lb-leader"
 LB_EVENT = "lb-event"
 BROKER_REGISTRATION = "broker-registration"
+CHANNEL_MESSAGE = "channel-message"
+CHANNEL_VIEW = "channel-view"
 OBSERVATION_FS = frozenset({OBSERVE_START, GAP_START, GAP_END, OBSERVE_STOP, BUNDLE_OWNER, BUNDLE_LOCK, BOUNDARIES,
-                            LB_LEADER, LB_EVENT, BROKER_REGISTRATION})
+                            LB_LEADER, LB_EVENT, BROKER_REGISTRATION, CHANNEL_MESSAGE, CHANNEL_VIEW})
 
 PRESENT, CREATED, CHANGED, DELETED = "present", "created", "changed", "deleted"
 
@@ -64,6 +77,8 @@ NAMESPACE_ROOT = "/namespace"                       # Pulsar's ServiceUnitUtils.
 LOCAL_POLICIES_ROOT = "/admin/local-policies"       # LocalPoliciesResources.LOCAL_POLICIES_ROOT
 LB_LEADER_PATH = "/loadbalance/leader"              # the modular load manager's leader election
 BROKERS_PATH = "/loadbalance/brokers"               # one ephemeral znode per live broker
+# the extensible load manager's service-unit state channel (Pulsar's ServiceUnitStateChannelImpl.TOPIC)
+CHANNEL_TOPIC = "persistent://pulsar/system/loadbalancer-service-unit-state"
 FULL_LOWER = 0x00000000
 FULL_UPPER = 0xFFFFFFFF
 
