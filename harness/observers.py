@@ -4,7 +4,8 @@ the runner starts each by its entry here, never by the checker's name.
 
 - `bundle-owner`: who owns each bundle, the namespace boundaries, the brokers' registrations and the
   load-balancer leader, from the source of the brokers' load manager (`OWNER_SOURCES`, one per load
-  manager: the modular one's ZooKeeper locks, harness/recorder.py). The brokers' logged decisions
+  manager: the modular one's ZooKeeper locks, harness/recorder.py; the extensible one's service-unit state
+  channel and the brokers' table views, harness/channel_recorder.py). The brokers' logged decisions
   (`LB_EVENT` lines) are imported after a run that ran it.
 
 A plugin adds an observer with `OBSERVERS.register(name, Observer(...))`, or a source for its own load
@@ -55,9 +56,18 @@ def _zk_locks(ctx: ObserverContext) -> Running:
         raise ObserverError(str(e)) from None
 
 
+def _channel(ctx: ObserverContext) -> Running:
+    from harness import channel_recorder
+    try:
+        return channel_recorder.record(ctx.cluster, ctx.journal)
+    except channel_recorder.ChannelRecorderError as e:
+        raise ObserverError(str(e)) from None
+
+
 # load manager -> how bundle ownership is observed under it
 OWNER_SOURCES: Registry[Callable[[ObserverContext], Running]] = Registry("bundle-owner source", {
     "modular": _zk_locks,
+    "extensible": _channel,
 })
 
 
