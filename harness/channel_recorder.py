@@ -356,6 +356,7 @@ class ChannelRecorder:
         """A new reader from the last message read (exclusive), after a failed read; bounded."""
         if self.reconnects >= self.max_reconnects:
             self._stop.wait(1.0)
+            time.sleep(0.05)                  # also once stopped (the drain's loop): never spin
             return
         self.reconnects += 1
         try:
