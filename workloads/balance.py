@@ -5,7 +5,9 @@ topics, a long tail), consumers read every topic, final reads replay them all, s
 judges loss and order while bundles move. Every op records the broker that served it (`node`), and
 the `ownership` checker judges the bundles' owners from the ZooKeeper recorder's journal, and the
 `balance` checker the load per broker, the time to balance after brokers leave or join and the
-unavailability of the topics of each unloaded bundle. An optional
+unavailability of the topics of each unloaded bundle. Under the extensible load manager the owners come
+from its service-unit state channel, and the `channel` checker judges the channel itself (its in-flight
+limit from the run's lb settings). An optional
 hot-spot phase sends most of the traffic to a few topics, so that their bundles split.
 """
 from __future__ import annotations
@@ -34,6 +36,7 @@ OPTIONS: dict[str, tuple[Any, str]] = {
 }
 CHOICES = {"lookup": ("home", "all")}
 CHECKER_NAMES = ("log", "ownership", "perf", "balance")
+EXTENSIBLE_CHECKER_NAMES = CHECKER_NAMES + ("channel",)      # when the spec's load manager is extensible
 
 keys = log.keys
 worker_count = log.worker_count
@@ -44,11 +47,19 @@ def checkers(spec: TestSpec | None = None, extra: dict[str, dict[str, Any]] | No
              ) -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
     from checkers import select
     extra = {k: dict(v) for k, v in (extra or {}).items()}
+    names = CHECKER_NAMES
     if spec is not None:
         # the grace period the brokers ran with (Pulsar: 30 min), so that a shortened one is not reported
         grace_min = float(spec.lb_settings.get("loadBalancerSheddingGracePeriodMinutes", 30))
         extra.setdefault("ownership", {}).setdefault("grace_s", grace_min * 60.0)
-    return select({n: extra.get(n, {}) for n in CHECKER_NAMES})
+        if spec.load_manager == "extensible":
+            names = EXTENSIBLE_CHECKER_NAMES
+            # an in-flight state is overridden by the leader's monitor once older than the waiting time,
+            # at its next pass: the two settings the brokers ran with (Pulsar: 30 s + 60 s)
+            wait_ms = float(spec.lb_settings.get("loadBalancerInFlightServiceUnitStateWaitingTimeInMillis", 30000))
+            monitor_s = float(spec.lb_settings.get("loadBalancerServiceUnitStateMonitorIntervalInSeconds", 60))
+            extra.setdefault("channel", {}).setdefault("in_flight_limit_s", wait_ms / 1000.0 + monitor_s)
+    return select({n: extra.get(n, {}) for n in names})
 
 
 def _cumulative(weights: list[float]) -> list[float]:

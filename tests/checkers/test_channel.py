@@ -339,3 +339,17 @@ def test_messages_read_twice_count_once():
                     time_ns=again.time_ns + 10**9, index=len(h.ops)))
     r = check(h.stop())
     assert r.valid is True and r.stats["messages"] == 2 and r.stats["messages_read_twice"] == 1
+
+
+def test_the_balance_workload_asks_for_it_under_the_extensible_load_manager():
+    from core.spec import TestSpec
+    from workloads import balance
+    modular = balance.checkers(TestSpec(workload="balance", load_manager="modular"))
+    assert "channel" not in modular and "ownership" in modular
+    spec = TestSpec(workload="balance", load_manager="extensible",
+                    lb_settings={"loadBalancerInFlightServiceUnitStateWaitingTimeInMillis": 5000,
+                                 "loadBalancerServiceUnitStateMonitorIntervalInSeconds": 10})
+    got = balance.checkers(spec)
+    assert got["channel"][0] is check and got["channel"][1]["in_flight_limit_s"] == 15.0
+    assert balance.checkers(TestSpec(workload="balance", load_manager="extensible"))["channel"][1] == {
+        "in_flight_limit_s": 90.0}
