@@ -229,3 +229,17 @@ def test_view_samples_judged_by_the_checker(tmp_path):
     assert r.valid is False and set(r.anomalies) == {"view-divergence", "view-not-converged"}, r.anomalies
     assert {c["broker"] for c in r.anomalies["view-divergence"]} == {B}
     assert r.stats["convergence"] == {A: "converged", B: "not converged"}
+
+
+def test_the_extensible_source_is_the_channel_recorder(tmp_path):
+    import pytest
+
+    from harness import observers
+    assert observers.OWNER_SOURCES["extensible"] is not observers.OWNER_SOURCES["modular"]
+    j = Journal(tmp_path / "o.jsonl", 0)
+    try:
+        with pytest.raises(observers.ObserverError, match="names no service_url"):
+            observers.OBSERVERS["bundle-owner"].start(observers.ObserverContext({}, "extensible", j, tmp_path))
+    finally:
+        j.close()
+    assert channel_recorder.brokers_of(CLUSTER) == [(A, f"http://{A}"), (B, f"http://{B}")]
