@@ -38,7 +38,9 @@ Anomalies (each names the bundle, the messages (their ids, rows and records) and
   up by exactly one (one step) to a record that is not forced and whose state change is not a valid
   transition (a state to itself is not one: Owned -> Owned names a new owner without a transfer).
 - `view-divergence` (invalid): a sample whose records differ from the oracle's table after the message
-  its `last_applied` names (a broker that accepted what the resolver rejects, e.g. a stale message from a
+  its `last_applied` names (a [ledger, entry] id: after the last message of that entry, a batch being
+  applied whole; a sample without `last_applied`, or naming a message the observer did not read, is not
+  judged) (a broker that accepted what the resolver rejects, e.g. a stale message from a
   partitioned broker, apache/pulsar#19620; or one that skipped what it accepts). The evidence names, per
   bundle, both records and the message the view's record came from when there is one (with the oracle's
   reason for rejecting it). Reported once per (broker, bundle, view record, oracle record).
@@ -345,6 +347,9 @@ class _ChannelCheck(OpRefs):
                 self.views.setdefault(op.key, []).append(op)
         self.msgs.sort(key=lambda m: m.mid)
         self.pos = {m.mid: i for i, m in enumerate(self.msgs)}
+        self.by_key: dict[str, list[int]] = {}
+        for i, m in enumerate(self.msgs):
+            self.by_key.setdefault(m.key, []).append(i)
         self.entry_last = {m.mid[:2]: i for i, m in enumerate(self.msgs)}
         self._replay()
         self._view_sequences()
@@ -401,7 +406,7 @@ class _ChannelCheck(OpRefs):
                 if v.get("error") is not None or not isinstance(v.get("records"), dict):
                     vs["errors"] += 1
                     continue
-                i, why = self.position_of(v.get("last_applied"))
+                i, why = self.position_of(v.get("last_applied")) if "last_applied" in v else (None, "")
                 if i is None:
                     vs["unjudged"] += 1
                     continue
@@ -621,8 +626,9 @@ class _ChannelCheck(OpRefs):
         """The last message up to position `upto` whose record is `rec` (the message a view applied)."""
         if rec is None:
             return None
-        for m in reversed(self.msgs[:upto + 1]):
-            if m.key == key and not m.tomb and m.rec is not None and same_record(m.rec, rec):
+        for j in reversed(self.by_key.get(key, ())):
+            m = self.msgs[j]
+            if j <= upto and not m.tomb and m.rec is not None and same_record(m.rec, rec):
                 return m
         return None
 
@@ -639,7 +645,7 @@ class _ChannelCheck(OpRefs):
                 if v.get("error") is not None or not isinstance(v.get("records"), dict):
                     continue
                 recs, _ = self._view_records(op)
-                pos, _ = self.position_of(v.get("last_applied"))
+                pos, _ = self.position_of(v.get("last_applied")) if "last_applied" in v else (None, "")
                 if prev is not None:
                     pop, precs, ppos = prev
                     if pos is not None and ppos is not None and pos < ppos:
@@ -687,6 +693,9 @@ class _ChannelCheck(OpRefs):
                 continue
             recs, _ = self._view_records(last)
             pos, why = self.position_of(v.get("last_applied"))
+            if pos is None and "last_applied" in v and _mid(v.get("last_applied")) is not None:
+                self.convergence[broker] = "not judged: the observer did not read its last applied message"
+                continue
             diffs = sorted(k for k in set(recs) | set(self.final) if not same_record(recs.get(k), self.final.get(k)))
             if pos == end and not diffs:
                 self.convergence[broker] = "converged"
@@ -699,7 +708,8 @@ class _ChannelCheck(OpRefs):
                                else "its records differ from the final table"),
                 "channel_last": self.msg_ev(self.msgs[end]) if end >= 0 else None,
                 "bundles": diffs[:int(self.o.get("max_differences") or 20)],
-                "differences": [{"bundle": k, "view": recs.get(k), "oracle": self.final.get(k)}
+                "differences": [{"bundle": k, "view": recs.get(k), "oracle": self.final.get(k),
+                                 "oracle_message": self.msg_ev(self.final_made_by.get(k))}
                                 for k in diffs[:int(self.o.get("max_differences") or 20)]]})
 
     # ----------------------------------------------------------------------------------------- stats

@@ -403,12 +403,17 @@ class ChannelRecorder:
     # ------------------------------------------------------------------------------------ views
 
     def _view_loop(self) -> None:
-        while not self._stop.wait(self.view_interval_s):
-            self._view_round(final=False)
+        try:
+            while not self._stop.wait(self.view_interval_s):
+                self._view_round(final=False)
+        except Exception as e:              # never the runner's problem; the samples just end
+            log.warning("channel recorder: view sampling ended: %s: %s", type(e).__name__, e)
 
     def _view_round(self, final: bool) -> dict[str, dict[str, Any]]:
         out = {}
         for broker, url in self.brokers:
+            if not final and self._stop.is_set():
+                break
             v = self.view_fetch(url)
             v["wall_ms"] = _wall_ms()
             if final:

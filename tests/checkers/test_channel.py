@@ -353,3 +353,14 @@ def test_the_balance_workload_asks_for_it_under_the_extensible_load_manager():
     assert got["channel"][0] is check and got["channel"][1]["in_flight_limit_s"] == 15.0
     assert balance.checkers(TestSpec(workload="balance", load_manager="extensible"))["channel"][1] == {
         "in_flight_limit_s": 90.0}
+
+
+def test_views_the_checker_cannot_place_are_not_judged():
+    h, last = _valid_life()
+    h.row(CHANNEL_VIEW, A, {"broker": A, "records": {PARENT: rec(OWNED, B, v=9)}, "wall_ms": WALL0})   # no last_applied
+    h.view(B, [99, 1], {PARENT: rec(OWNED, B, v=9)})                         # a message the observer never read
+    h.view(A, [99, 2], {}, final=True)
+    r = check(h.stop())
+    assert r.valid is True, r.anomalies
+    assert r.stats["views"][A]["unjudged"] == 2 and r.stats["views"][B]["unjudged"] == 1
+    assert r.stats["convergence"][A].startswith("not judged: the observer did not read")
