@@ -100,3 +100,36 @@ def test_recorder_journals_messages_owners_and_views(cluster, tmp_path: Path):
     assert r.stats["convergence"] == {a: "not judged: down (HTTP 404)", b: "not judged: down (HTTP 404)"}
     o = ownership.check(history)
     assert "double-owner" in o.anomalies                                      # the same rows, the other checker
+
+
+def test_batched_messages_keep_their_batch_index(cluster, tmp_path: Path):
+    """Pulsar's channel producer batches: the rows keep [ledger, entry, batch index], in order, and a view
+    naming [ledger, entry] is judged after the whole entry."""
+    doc = _cluster_doc(cluster)
+    a = channel_recorder.brokers_of(doc)[0][0]
+    topic = f"persistent://{NS}/channel-{uuid.uuid4().hex[:8]}"
+    path = tmp_path / "journals" / channel_recorder.JOURNAL_NAME
+    journal = Journal(path, time.monotonic_ns())
+    with pulsar_client(doc["service_url"]) as client:
+        prod = client.create_producer(topic, batching_enabled=True, batching_max_messages=10,
+                                      batching_max_publish_delay_ms=50)
+        rec = channel_recorder.record(doc, journal, topic=topic, view_interval_s=0, final_views_s=0)
+        try:
+            for v, state in enumerate(("Assigning", "Owned"), start=1):
+                prod.send_async(_rec(state, a, v=v), None, partition_key=PARENT)
+            prod.flush()
+            _wait(lambda: len([op for op in read_jsonl(path) if op.f == CHANNEL_MESSAGE]) == 2, "the batch")
+        finally:
+            rec.stop()
+            journal.close()
+    msgs = [op for op in read_jsonl(path) if op.f == CHANNEL_MESSAGE]
+    ids = [m.value["message_id"] for m in msgs]
+    assert ids[0][:2] == ids[1][:2] and [i[2] for i in ids] == [0, 1]              # one entry, two messages
+    entry = ids[1][:2]
+    view = {"broker": a, "last_applied": entry, "records": {PARENT: msgs[1].value["value"]}}
+    history = store.merge_journals(store.journal_paths(tmp_path))
+    from core.history import Op
+    history.append(Op(process=-2, type="ok", f=CHANNEL_VIEW, key=a, value=view, time_ns=history[-1].time_ns + 1,
+                      index=len(history)))
+    r = channel.check(history)
+    assert r.valid is True and r.stats["views"][a]["judged"] == 1, r.anomalies
