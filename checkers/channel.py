@@ -225,6 +225,21 @@ class Oracle:
         return True, None, prev, rec
 
 
+def fast_key(raw: Any) -> Any:
+    """A key of a record's JSON, equal for two values exactly when `record` makes equal records of them
+    (defaults filled, the types of the numbers kept); None when it is not an object. It may hold lists
+    (a value that is no record): hashing it then raises TypeError."""
+    if type(raw) is not dict:
+        return None
+    split = raw.get("splitServiceUnitToDestBroker")
+    if split is not None:
+        if type(split) is not dict:
+            return None
+        split = tuple(sorted(split.items()))
+    f, t, v = raw.get("force", False), raw.get("timestamp", 0), raw.get("versionId", 0)
+    return (raw.get("state"), raw.get("dstBroker"), raw.get("sourceBroker"), f, t, v, split, type(f), type(t), type(v))
+
+
 def same_record(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
     if a is None or b is None:
         return a is b
@@ -310,6 +325,7 @@ class _ChannelCheck(OpRefs):
         self.splits = {"begun": 0, "completed": 0, "open_at_end": 0, "children_existing": 0}
         self.view_stats: dict[str, dict[str, int]] = {}
         self.convergence: dict[str, str] = {}
+        self._memo: dict[Any, Any] = {}                   # fast key -> its record (False: not one)
 
     # ------------------------------------------------------------------------------ reading the history
 
@@ -392,7 +408,7 @@ class _ChannelCheck(OpRefs):
         before_tomb: dict[str, int] = {}                  # bundle -> its last versionId before its tombstone
         made_by: dict[str, _Msg] = {}                     # bundle -> the message of its current record
         owners: dict[str, dict[str, tuple[tuple[int, int], str]]] = {}   # ns -> bundle -> (range, owner)
-        doubles: set[tuple[str, str]] = set()
+        doubles: dict[str, set[tuple[str, str]]] = {}   # bundle -> the double-owned pairs it is in
         inflight: dict[str, _Msg] = {}
         splits: dict[str, dict[str, Any]] = {}            # parent -> the open split
         child_of: dict[str, str] = {}                     # child bundle -> its parent's open split
@@ -414,6 +430,7 @@ class _ChannelCheck(OpRefs):
                 at.setdefault(i, []).append(op)
         self.diverged: set[tuple[Any, ...]] = set()
         self._table = oracle.table                        # the table as it stands during the replay
+        self._tkeys: dict[str, Any] = {}                  # its records' fast keys
         for op in at.get(-1, ()):
             self._compare_view(op, oracle.table, made_by, -1)
         for i, m in enumerate(self.msgs):
@@ -437,7 +454,7 @@ class _ChannelCheck(OpRefs):
         self.splits["open_at_end"] = len(splits)
 
     def _accepted(self, i: int, m: _Msg, prev: dict | None, rec: dict | None, last_v: dict[str, int],
-                  before_tomb: dict[str, int], made_by: dict[str, _Msg], owners: dict, doubles: set,
+                  before_tomb: dict[str, int], made_by: dict[str, _Msg], owners: dict, doubles: dict,
                   inflight: dict[str, _Msg], splits: dict[str, dict[str, Any]], child_of: dict[str, str]) -> None:
         key = m.key
         if rec is None:                                   # a tombstone
@@ -459,8 +476,10 @@ class _ChannelCheck(OpRefs):
         prior = made_by.get(key)
         if rec is None:
             made_by.pop(key, None)
+            self._tkeys.pop(key, None)
         else:
             made_by[key] = m
+            self._tkeys[key] = fast_key(rec)
         # in flight: each in-flight record must be replaced within the limit
         old_f = inflight.pop(key, None)
         if old_f is not None:
@@ -480,28 +499,41 @@ class _ChannelCheck(OpRefs):
 
     # ------------------------------------------------------------------------------ double ownership
 
-    def _owners(self, m: _Msg, rec: dict | None, owners: dict, doubles: set, made_by: dict[str, _Msg]) -> None:
+    def _owners(self, m: _Msg, rec: dict | None, owners: dict, doubles: dict, made_by: dict[str, _Msg]) -> None:
+        """Who owns what after message m; a new overlap of two owners is `double-owned`. Per namespace, the
+        owned ranges by bucket of the hash space (a range is listed in every bucket it touches), so that
+        the ranges overlapping one are found without reading the whole namespace."""
         parsed = parse_bundle_name(m.key)
         if parsed is None:
             return
         ns, rng = parsed
-        table = owners.setdefault(ns, {})
-        table.pop(m.key, None)
+        table, buckets = owners.setdefault(ns, ({}, {}))
+        old = table.pop(m.key, None)
+        if old is not None:
+            for b in _buckets(old[0]):
+                buckets[b].discard(m.key)
         who = owner_of(rec)
-        for pair in [p for p in doubles if m.key in p]:
+        for pair in list(doubles.get(m.key, ())):
             other = pair[0] if pair[1] == m.key else pair[1]
             if who is None or other not in table or not overlap(rng, table[other][0]) or table[other][1] == who:
-                doubles.discard(pair)
+                for k in pair:
+                    doubles.get(k, set()).discard(pair)
         if who is None:
             return
         table[m.key] = (rng, who)
-        for other, (orng, owho) in table.items():
+        near: set[str] = set()
+        for b in _buckets(rng):
+            near |= buckets.setdefault(b, set())
+            buckets[b].add(m.key)
+        for other in sorted(near):
+            orng, owho = table[other]
             if other == m.key or owho == who or not overlap(rng, orng):
                 continue
             pair = tuple(sorted((m.key, other)))
-            if pair in doubles:
+            if pair in doubles.get(m.key, ()):
                 continue
-            doubles.add(pair)
+            doubles.setdefault(m.key, set()).add(pair)
+            doubles.setdefault(other, set()).add(pair)
             om = made_by.get(other)
             self.cases["double-owned"].add(lambda other=other, owho=owho, om=om: {
                 "bundle": m.key, "other_bundle": other,
@@ -582,18 +614,39 @@ class _ChannelCheck(OpRefs):
     # ----------------------------------------------------------------------------------------- views
 
     def _view_records(self, op: Op) -> tuple[dict[str, dict[str, Any]], int]:
+        """A sample's records as the oracle holds them (memoised: samples repeat the same records), and how
+        many were not records."""
         recs, bad = {}, 0
+        memo = self._memo
         for k, raw in (op.value.get("records") or {}).items():
+            fk = fast_key(raw)
             try:
-                recs[k] = record(raw)
-            except RecordError:
+                got = memo.get(fk) if fk is not None else None
+            except TypeError:                     # unhashable: no record
+                fk, got = None, None
+            if got is None:
+                try:
+                    got = record(raw)
+                except (RecordError, TypeError):
+                    got = False
+                if fk is not None:
+                    memo[fk] = got
+            if got is False:
                 bad += 1
+            else:
+                recs[k] = got
         return recs, bad
 
     def _compare_view(self, op: Op, table: dict[str, dict], made_by: dict[str, _Msg], i: int) -> None:
+        raws = op.value.get("records") or {}
+        tkeys = self._tkeys
+        # the bundles whose record differs (by fast key, which is equal exactly when the records are)
+        differ = [k for k in set(raws) | set(table) if k not in raws or k not in tkeys or fast_key(raws[k]) != tkeys[k]]
+        if not differ:
+            return
         recs, bad = self._view_records(op)
         diffs = []
-        for k in sorted(set(recs) | set(table)):
+        for k in sorted(differ):
             a, b = recs.get(k), table.get(k)
             if same_record(a, b):
                 continue
@@ -726,6 +779,15 @@ class _ChannelCheck(OpRefs):
                             "max": _sec(d[-1] if d else None), "limit": round(self.limit_ms / 1000, 3)},
             "in_flight_open_at_end": self.in_flight_open[:100], "splits": self.splits,
         }
+
+
+BUCKET_SHIFT = 22                  # 1024 buckets of the 32-bit hash space
+
+
+def _buckets(rng: tuple[int, int]) -> range:
+    lo, hi = rng
+    last = hi if hi == 0xFFFFFFFF else max(lo, hi - 1)
+    return range(lo >> BUCKET_SHIFT, (last >> BUCKET_SHIFT) + 1)
 
 
 def _sec(ms: float | None) -> float | None:

@@ -364,3 +364,13 @@ def test_views_the_checker_cannot_place_are_not_judged():
     assert r.valid is True, r.anomalies
     assert r.stats["views"][A]["unjudged"] == 2 and r.stats["views"][B]["unjudged"] == 1
     assert r.stats["convergence"][A].startswith("not judged: the observer did not read")
+
+
+def test_view_records_that_are_not_records_diverge():
+    h = Hist()
+    p1 = assign(h, PARENT, A)
+    h.view(B, p1, {PARENT: {"state": "Owned", "dstBroker": [A], "versionId": 2}})
+    h.view(A, p1, {PARENT: {"state": "Owned", "dstBroker": A, "versionId": "2", "force": False, "timestamp": 0}})
+    r = check(h.stop())
+    assert _types(r) == {"view-divergence"} and {c["broker"] for c in r.anomalies["view-divergence"]} == {A, B}
+    assert r.stats["views"][B]["undecodable_records"] == 1
