@@ -133,3 +133,5 @@ def test_batched_messages_keep_their_batch_index(cluster, tmp_path: Path):
                       index=len(history)))
     r = channel.check(history)
     assert r.valid is True and r.stats["views"][a]["judged"] == 1, r.anomalies
+    o = ownership.check(history)
+    assert o.valid is True and not o.anomalies                       # one owner: the ownership checker agrees
