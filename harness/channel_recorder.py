@@ -338,13 +338,24 @@ class ChannelRecorder:
             return
         if msg is not None:
             self._last_contact = time.monotonic()
-            self._handle(msg)
+            try:
+                self._handle(msg)
+            except Exception as e:          # a message we cannot journal: say so, and go on
+                log.warning("channel recorder: a message not journaled: %s: %s", type(e).__name__, e)
+                self._gap(f"a message not journaled: {type(e).__name__}: {e}")
             return
-        connected = self._connected()
-        if not connected:
+        if not self._connected():
             self._gap("reader disconnected")
-        elif self._in_gap and not self._reader.has_message_available():
-            self._gap_end()
+            return
+        if self._in_gap:
+            try:
+                caught_up = not self._reader.has_message_available()
+            except Exception as e:
+                log.info("channel recorder: has_message_available failed: %s: %s", type(e).__name__, e)
+                self._close_reader()
+                return
+            if caught_up:
+                self._gap_end()
 
     def _connected(self) -> bool:
         try:
