@@ -407,7 +407,7 @@ class _ChannelCheck(OpRefs):
         last_v: dict[str, int] = {}                       # bundle -> last accepted versionId
         before_tomb: dict[str, int] = {}                  # bundle -> its last versionId before its tombstone
         made_by: dict[str, _Msg] = {}                     # bundle -> the message of its current record
-        owners: dict[str, dict[str, tuple[tuple[int, int], str]]] = {}   # ns -> bundle -> (range, owner)
+        owners: dict[str, tuple[dict, dict]] = {}         # ns -> ({bundle: (range, owner)}, {bucket: bundles})
         doubles: dict[str, set[tuple[str, str]]] = {}   # bundle -> the double-owned pairs it is in
         inflight: dict[str, _Msg] = {}
         splits: dict[str, dict[str, Any]] = {}            # parent -> the open split
