@@ -23,6 +23,14 @@ KNOBS: dict[str, Knob] = {
         False, "bookie keeps accepting normal adds on a ledger it has fenced (it still records the "
                "fence and answers fencing reads), so a writer whose ledger was recovered and closed "
                "by another client keeps getting adds acknowledged beyond the closed end"),
+    # component: bookie; upstream: a bookie without a cookie check (apache/bookkeeper#4812,
+    # apache/pulsar#26074; before apache/bookkeeper#544 / PR #712 for empty directories);
+    # scenario: disk-wipe of a bookie of a ledger's last entry, then ledger recovery
+    "bookie.no_cookie": Knob(
+        False, "bookie writes and checks no cookie: restarted on a wiped or replaced disk it rejoins at "
+               "once under its old identity and answers 'no such entry' for entries it had acknowledged, "
+               "and ledger recovery then truncates acknowledged entries (with cookies it refuses to start "
+               "until formatted as a new bookie, and the ledgers it lost are in limbo)"),
     "broker.recovery_fencing": Knob(
         True, "when false, a broker taking over a topic closes the previous owner's ledger in "
               "metadata without fencing it on the bookies, so the old owner can keep getting "

@@ -11,6 +11,7 @@ import abc
 import atexit
 import contextlib
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -570,6 +571,28 @@ class StateFileCluster(StateInventory, Cluster):
                                    f"kill or stop it first ({self._cli('kill', self.name, name)})")
             wiped = statefile.wipe_data_dir(n)
         return {"node": name, **wiped}
+
+    def format(self, name: str) -> dict[str, Any]:
+        """Format a stopped bookie as a new bookie: runs `python -m clusters.bookie.cookie format` on
+        its host (its metadata cookie and local data deleted), records `formatted_at` in state.json.
+        Returns {node, bookie, cookie_deleted, removed}."""
+        with self._txn() as state:
+            n = self._entry(state, name)
+            if n["role"] != "bookie":
+                raise ClusterError(f"{name} is a {n['role']}, not a bookie; only bookies are formatted")
+            seen = self._seen([n])[name]
+            if seen.alive:
+                raise ClusterError(f"{name} is running (pid {seen.pid}); a bookie is formatted while stopped",
+                                   f"stop it first ({self._cli('stop', self.name, name)})")
+            config = n["config"]
+        r = self.exec(name, [self.python, "-m", "clusters.bookie.cookie", "format", str(config)], timeout=60)
+        if r.returncode != 0:
+            last = (r.stderr.strip().splitlines() or [f"exit code {r.returncode}"])[-1]
+            raise ClusterError(f"formatting {name} failed: {last}", f"read {config} and its ZooKeeper")
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        with self._txn() as state:
+            state["nodes"][name]["formatted_at"] = statefile.now()
+        return {"node": name, **out}
 
     def exec(self, name: str, argv: list[str], timeout: float = 30.0,
              **run_kw: Any) -> subprocess.CompletedProcess:
