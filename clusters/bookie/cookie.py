@@ -161,10 +161,11 @@ def decide(want: Cookie, meta: Cookie | None, dirs: dict[str, Cookie | None], ho
             f"({'; '.join(meta.differences(want))}); {fix}")
     if missing:
         raise CookieError(
-            f"bookie {want.bookie_id}: cookie is missing in {', '.join(cookie_path(d).as_posix() for d in missing)} "
-            f"while the metadata store holds one ({metadata_path(want.bookie_id)}): the disk was "
-            f"wiped or replaced, so this bookie would answer 'no such entry' for entries it had "
-            f"acknowledged; {fix}")
+            f"bookie {want.bookie_id}: cookie is missing on disk (wiped or replaced) while the "
+            f"metadata store holds one; {fix}; missing: "
+            f"{', '.join(cookie_path(d).as_posix() for d in missing)}; held: "
+            f"{metadata_path(want.bookie_id)} (started, it would answer 'no such entry' for "
+            f"entries it had acknowledged)")
     for d, c in sorted(present.items()):
         diff = c.differences(meta)
         if diff:

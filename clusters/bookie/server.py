@@ -564,9 +564,10 @@ async def serve(cfg: BookieConfig, stop: asyncio.Event) -> None:
     try:
         await bookie.start()
     except cookies.CookieError as e:
-        log.error("%s", e)       # one line; the deployment reports it with the exit code
         if bookie.store is not None:
             await bookie.store.close()
+        # one line, the log's last: the deployment reports it with the exit code
+        log.error("%s", e)
         raise SystemExit(COOKIE_EXIT) from None
     # auto-recovery (auditor candidate + replication worker) in this process, as BookKeeper's
     # autoRecoveryDaemonEnabled; it connects in the background and stops before the bookie

@@ -61,10 +61,12 @@ def test_missing_directory_cookie_refuses_and_names_the_fix(tmp_path):
     with pytest.raises(C.CookieError) as e:
         C.decide(w, w, dirs_of(tmp_path), HOW)
     msg = str(e.value)
-    assert "cookie is missing in" in msg and "journal/current/VERSION" in msg and "format it as a new bookie" in msg
+    assert msg.startswith("bookie 127.0.0.1:3181: cookie is missing on disk (wiped or replaced) while the metadata "
+                          "store holds one; format it as a new bookie (the format command)")
+    assert "missing: " in msg and "journal/current/VERSION" in msg
     assert "\n" not in msg and HOW in msg
     shutil.rmtree(tmp_path / "current")                   # every disk wiped: still refused
-    with pytest.raises(C.CookieError, match="cookie is missing in .*current/VERSION"):
+    with pytest.raises(C.CookieError, match="cookie is missing on disk .*missing: .*current/VERSION"):
         C.decide(w, w, dirs_of(tmp_path), HOW)
 
 
