@@ -134,11 +134,12 @@ def write_dir_cookie(directory: str | Path, cookie: Cookie) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, p)
-    fd = os.open(p.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    for d in (p.parent, p.parent.parent):     # current/ and its entry in the directory
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def decide(want: Cookie, meta: Cookie | None, dirs: dict[str, Cookie | None], how: str) -> str:

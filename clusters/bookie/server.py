@@ -272,6 +272,12 @@ class Bookie:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)
+        for d in (p.parent, p.parent.parent):
+            fd = os.open(d, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     async def _become_new(self, cookie: "cookies.Cookie") -> None:
         """A new bookie: put the ledgers the metadata lists it in (and it does not hold) in limbo,
