@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import json
 import os
 import shutil
@@ -267,6 +268,25 @@ async def format_bookie(store: MetadataStore, bookie_id: str, data_dir: str | Pa
                               f"bookie running? stop it and format again") from None
     removed = await asyncio.to_thread(delete_local_data, data_dir)
     return {"bookie": bookie_id, "cookie_deleted": deleted, "removed": removed}
+
+
+def format_bookie_blocking(zk: str, bookie_id: str, data_dir: str | Path, timeout: float = 30.0
+                           ) -> dict[str, object]:
+    """format_bookie for synchronous callers (the deployment layer): its own ZooKeeper session and
+    event loop, in a worker thread. CookieError if ZooKeeper cannot be reached."""
+    async def go() -> dict[str, object]:
+        store = MetadataStore(zk, name=f"format-{bookie_id}")
+        try:
+            await store.start(timeout=timeout)
+        except Exception as e:  # noqa: BLE001 - one line for the operator
+            await store.close()
+            raise CookieError(f"cannot reach ZooKeeper at {zk} ({e!r})") from None
+        try:
+            return await asyncio.wait_for(format_bookie(store, bookie_id, data_dir), timeout)
+        finally:
+            await store.close()
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="format") as ex:
+        return ex.submit(asyncio.run, go()).result()
 
 
 def format_command(config: str) -> str:

@@ -11,7 +11,6 @@ import abc
 import atexit
 import contextlib
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -573,9 +572,11 @@ class StateFileCluster(StateInventory, Cluster):
         return {"node": name, **wiped}
 
     def format(self, name: str) -> dict[str, Any]:
-        """Format a stopped bookie as a new bookie: runs `python -m clusters.bookie.cookie format` on
-        its host (its metadata cookie and local data deleted), records `formatted_at` in state.json.
-        Returns {node, bookie, cookie_deleted, removed}."""
+        """Format a stopped bookie as a new bookie (clusters/bookie/cookie.py): its cookie in the
+        metadata store is deleted (through the cluster's ZooKeeper, from this host) and its journal,
+        ledger storage and cookie files on disk; records `formatted_at` in state.json. Returns
+        {node, bookie, cookie_deleted, removed}."""
+        from clusters.bookie import cookie
         with self._txn() as state:
             n = self._entry(state, name)
             if n["role"] != "bookie":
@@ -584,12 +585,12 @@ class StateFileCluster(StateInventory, Cluster):
             if seen.alive:
                 raise ClusterError(f"{name} is running (pid {seen.pid}); a bookie is formatted while stopped",
                                    f"stop it first ({self._cli('stop', self.name, name)})")
-            config = n["config"]
-        r = self.exec(name, [self.python, "-m", "clusters.bookie.cookie", "format", str(config)], timeout=60)
-        if r.returncode != 0:
-            last = (r.stderr.strip().splitlines() or [f"exit code {r.returncode}"])[-1]
-            raise ClusterError(f"formatting {name} failed: {last}", f"read {config} and its ZooKeeper")
-        out = json.loads(r.stdout.strip().splitlines()[-1])
+            bookie_id = node_config.load(n["config"]).bookie_id
+            data_dir = n["data_dir"]
+        try:
+            out = cookie.format_bookie_blocking(self.zk_connect, bookie_id, data_dir)
+        except cookie.CookieError as e:
+            raise ClusterError(f"formatting {name} failed: {e}", "check that ZooKeeper is up") from None
         with self._txn() as state:
             state["nodes"][name]["formatted_at"] = statefile.now()
         return {"node": name, **out}
