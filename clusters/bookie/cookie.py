@@ -135,7 +135,7 @@ def write_dir_cookie(directory: str | Path, cookie: Cookie) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, p)
-    for d in (p.parent, p.parent.parent):     # current/ and its entry in the directory
+    for d in (p.parent, p.parent.parent, p.parent.parent.parent):   # current/, its entry, the dir's
         fd = os.open(d, os.O_RDONLY)
         try:
             os.fsync(fd)
