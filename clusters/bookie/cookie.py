@@ -289,10 +289,6 @@ def format_bookie_blocking(zk: str, bookie_id: str, data_dir: str | Path, timeou
         return ex.submit(asyncio.run, go()).result()
 
 
-def format_command(config: str) -> str:
-    return f"python -m clusters.bookie.cookie format {config}"
-
-
 async def _format_main(config_path: str) -> dict[str, object]:
     from clusters import config as node_config
     cfg = node_config.load(config_path)
