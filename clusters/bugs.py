@@ -77,6 +77,14 @@ REGISTRY: Registry[Knob] = Registry("bug knob", {
                "by another client keeps getting adds acknowledged beyond the closed end",
         component="bookie", scenario="--workload ledger --nemesis none --time-limit 10 "
                                      "--option recover_interval=1.0 --option ledger_max_entries=0"),
+    "bookie.no_cookie": Knob(
+        False, "bookie writes and checks no cookie: restarted on a wiped or replaced disk it rejoins at "
+               "once under its old identity and answers 'no such entry' for entries it had acknowledged, "
+               "and ledger recovery then truncates acknowledged entries (with cookies it refuses to start "
+               "until formatted as a new bookie, and the ledgers it lost are in limbo)",
+        component="bookie", issues=("apache/bookkeeper#4812", "apache/pulsar#26074"),
+        scenario="--workload log --nemesis none --nemesis-schedule bench/disk_wipe_schedule.toml --topics 1 "
+                 "--ensemble 2 --write-quorum 2 --ack-quorum 2 --time-limit 50"),
     "broker.recovery_fencing": Knob(
         True, "when false, a broker taking over a topic closes the previous owner's ledger in "
               "metadata without fencing it on the bookies, so the old owner can keep getting "

@@ -11,8 +11,10 @@
 - `disk-wipe[:TARGET]` (default a random bookie): kill one node the target selector resolves to
   (a bookie or ZooKeeper node; `ledger-bookies` picks one of the bookies of a topic's current
   ledger's last fragment), delete its data (`cluster.wipe`), leave it down for the hold; `stop()`
-  starts it with the same identity and records whether it came up or refused, with its log's last
-  line.
+  starts it with the same identity. A bookie with cookies refuses its wiped disk (the refusal is
+  recorded); then the operator's answer follows: `cluster.format` (a new bookie under the same id:
+  its old cookie and data gone, the ledgers it held in limbo and re-replicated) and a start. It
+  records whether it came up, the refusal and the format, with its log's last line.
 
 Each class takes one `param: str | None`, the part after ':' in the nemesis name.
 """
@@ -266,7 +268,9 @@ class KillRoleNemesis(Nemesis):
 
 class DiskWipeNemesis(Nemesis):
     """Kill a bookie (or a ZooKeeper node), wipe its data dir, keep it down for the hold; stop starts
-    it with the same identity and records whether it came up or refused.
+    it with the same identity; a bookie that refuses its wiped disk (its cookie is missing) is
+    formatted as a new bookie and started again, as an operator would. Records whether it came up,
+    the refusal (`refused`), the format (`formatted`) and the final start error (`error`).
 
     param: a target selector (nemesis/targets.py), default `bookie` (a random bookie); one node of
     what it resolves to is picked by a draw made in choose()."""
@@ -308,7 +312,7 @@ class DiskWipeNemesis(Nemesis):
         name = self.applied["node"]
         node = ctx.cluster.node(name)
         out: dict[str, Any] = {"node": name, "role": node.role, "restarted": False, "came_up": node.alive,
-                               "error": None}
+                               "refused": None, "formatted": None, "error": None}
         if not node.alive:
             out["restarted"] = True
             try:
@@ -317,6 +321,16 @@ class DiskWipeNemesis(Nemesis):
             except ClusterError as e:        # refused (or failed) to start on the empty disk
                 out["error"] = str(e)
                 node = ctx.cluster.node(name)
+            if not out["came_up"] and node.role == "bookie" and not node.alive:
+                # the operator's answer to a bookie refusing its disk: format it as a new bookie
+                out["refused"], out["error"] = out["error"], None
+                try:
+                    out["formatted"] = ctx.cluster.format(name)
+                    node = ctx.cluster.start(name)
+                    out["came_up"] = True
+                except ClusterError as e:
+                    out["error"] = str(e)
+                    node = ctx.cluster.node(name)
         out["pid"] = node.pid if node.alive else None
         out["last_log_line"] = _last_line(node.log)
         self.applied = None

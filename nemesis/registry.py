@@ -92,7 +92,8 @@ REGISTRY: Registry[Fault] = Registry("nemesis", {
     "kill-role": Fault(lambda p: KillRoleNemesis(p), "every node of a role (brokers by default) killed at once, "
                        "all restarted at the stop", "ROLE", colour=KILL),
     "disk-wipe": Fault(lambda p: DiskWipeNemesis(p), "a bookie (or TARGET) killed, its data deleted, restarted "
-                       "empty with the same identity at the stop", "TARGET", colour="#C4C4C4"),
+                       "with the same identity at the stop (a bookie refuses its wiped disk: formatted as a new "
+                       "bookie first)", "TARGET", colour="#C4C4C4"),
     "power-loss": Fault(lambda p: PowerLossNemesis(p), "every bookie (or TARGETS, joined by +: "
                         "all-bookie+all-broker) loses power at once: killed, un-fsync'ed writes dropped (lazyfs "
                         "disks); restarted at the stop", "TARGETS", colour="#F0A8B8",

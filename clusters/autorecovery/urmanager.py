@@ -3,6 +3,8 @@
     /ledgers/underreplication/ledgers/<4 hex>/<4 hex>/<4 hex>/<4 hex>/urL<10-digit id>
         persistent: the ledger has a fragment on a lost bookie.  JSON
         {"replicas": ["host:port", ...]   the lost bookies (BookKeeper's `replica` fields),
+         "formatted": ["host:port", ...]  of those, bookies formatted as new bookies under the
+                                          same id: lost for this ledger although registered,
          "ctime": ms, "auditor": "host:port",
          "failures": n, "last_failure": {"worker", "error", "at"}}   (written by workers)
         The four levels are the ledger id's 64 bits in 16-bit hex groups: ledger 42 ->
@@ -79,13 +81,18 @@ class UnderreplicationManager:
         d.setdefault("replicas", [])
         return d, version
 
-    async def mark(self, ledger_id: int, missing: set[str], auditor: str = "") -> bool:
+    async def mark(self, ledger_id: int, missing: set[str], auditor: str = "",
+                   formatted: set[str] = frozenset()) -> bool:
         """Record that the ledger has fragments on the `missing` bookies (merged into an existing
-        record).  True if the record was created or grew."""
+        record); `formatted` of them lost their data though they are registered again.  True if
+        the record was created or grew."""
         path = ur_path(ledger_id)
+        formatted = set(formatted) & set(missing)
         for _ in range(MAX_ATTEMPTS):
             try:
                 body = {"replicas": sorted(missing), "ctime": _now_ms(), "auditor": auditor}
+                if formatted:
+                    body["formatted"] = sorted(formatted)
                 await self.zk(self.store.create, path, json.dumps(body).encode(), makepath=True)
                 return True
             except (NodeExists, NoNode):
@@ -95,9 +102,12 @@ class UnderreplicationManager:
                 continue
             d, version = got
             have = set(d["replicas"])
-            if missing <= have:
+            had_formatted = set(d.get("formatted") or [])
+            if missing <= have and formatted <= had_formatted:
                 return False
             d["replicas"] = sorted(have | missing)
+            if formatted | had_formatted:
+                d["formatted"] = sorted(formatted | had_formatted)
             try:
                 await self.zk(self.store.set, path, json.dumps(d).encode(), version)
                 return True

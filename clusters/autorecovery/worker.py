@@ -4,7 +4,9 @@ Loop: list the under-replicated ledgers, and for each one whose retry time has c
 (an ephemeral znode; another worker holding it means skip), then:
 
   1. read the ledger's metadata; the lost bookies are those of the record that are still not
-     registered under /ledgers/available and still appear in an ensemble (none: unmark, done);
+     registered under /ledgers/available, or that the record names `formatted` (a bookie
+     formatted as a new bookie under the same id: registered, but without this ledger's data,
+     apache/bookkeeper#4812), and still appear in an ensemble (none: unmark, done);
   2. if the ledger is not closed and its last (open-ended) fragment has a lost bookie, the writer
      may still replace that bookie itself: wait `open_ledger_rereplication_grace_s` from the first
      time this worker saw it so, then open the ledger with recovery (fence + close) and go on
@@ -149,8 +151,9 @@ class ReplicationWorker:
             if got is None:
                 return GONE
             listed = set(got[0]["replicas"])
+            formatted = set(got[0].get("formatted") or [])
             try:
-                outcome, _ = await self.replicate_ledger(lid, listed)
+                outcome, _ = await self.replicate_ledger(lid, listed, formatted)
             except BKNoSuchLedgerError:
                 log.info("autorecovery: ledger %d was deleted; unmarking it", lid)
                 await self.urm.mark_replicated(lid)
@@ -190,7 +193,7 @@ class ReplicationWorker:
                 return True
             rec, version = got
             md = await self.bk.ledger_metadata(lid)
-            live = set(await self.bk.available_bookies())
+            live = set(await self.bk.available_bookies()) - set(rec.get("formatted") or [])
             if (set(rec["replicas"]) & md.bookies()) - live:
                 return False
             if await self.urm.mark_replicated(lid, version):
@@ -198,13 +201,14 @@ class ReplicationWorker:
         return False
 
     # -- one ledger ----------------------------------------------------------------------
-    async def replicate_ledger(self, lid: int, listed: set[str] | None = None
-                               ) -> tuple[str, LedgerMetadata]:
+    async def replicate_ledger(self, lid: int, listed: set[str] | None = None,
+                               formatted: set[str] = frozenset()) -> tuple[str, LedgerMetadata]:
         """Bring every fragment of the ledger with a known end back off the lost bookies
-        (`listed` that are not live; default: every bookie of the ledger that is not live).
+        (`listed` that are not live; default: every bookie of the ledger that is not live;
+        `formatted` bookies count as not live).
         Returns (REPLICATED or DEFERRED, metadata now).  Raises BKError on failure."""
         md = await self.bk.ledger_metadata(lid)
-        live = set(await self.bk.available_bookies())
+        live = set(await self.bk.available_bookies()) - set(formatted)
         lost = ((md.bookies() if listed is None else set(listed)) & md.bookies()) - live
         if not lost:
             self._open_since.pop(lid, None)
@@ -221,7 +225,7 @@ class ReplicationWorker:
                 stats.OPEN_LEDGERS_RECOVERED.inc()
                 md = rh.metadata
                 self._open_since.pop(lid, None)
-                live = set(await self.bk.available_bookies())
+                live = set(await self.bk.available_bookies()) - set(formatted)
                 lost = (lost & md.bookies()) - live
             else:
                 deferred_until = since + self.grace_s

@@ -2,9 +2,20 @@
 
 `serve(cfg, stop)` is what `python -m clusters.node CONFIG.json` runs for role "bookie".
 
-Startup: load the storage index, replay the journal above the last checkpoint (adds, fences,
-deletes), start the journal writer and the checkpointer, listen on host:port, then register
+Startup: connect to ZooKeeper and check the cookies (cookie.py; a mismatch or a wiped disk makes
+the process exit with code 3 and one log line naming the fix), load the storage index, replay the
+journal above the last checkpoint (adds, fences, deletes), start the journal writer and the
+checkpointer; a new bookie then writes its cookies; listen on host:port, then register
 `/ledgers/available/<host:port>` (ephemeral, re-created whenever a new session is established).
+
+Limbo (BookKeeper's BP-46 limbo state): a new bookie (no cookie anywhere, e.g. just formatted)
+whose id the ledger metadata already lists held those ledgers in an earlier life and lost them. It
+fences each of them locally, records them in `<data_dir>/current/limbo.json` before writing its
+cookies, and marks them under-replicated naming itself as `formatted` (urmanager.py) so that
+auto-recovery copies its fragments elsewhere although it is registered. For a ledger in limbo it
+never answers NO_SUCH_ENTRY / NO_SUCH_LEDGER (ledger recovery would take that for "never
+written" and truncate acknowledged entries, apache/bookkeeper#4812): it answers ERROR, which a
+recovery read counts as unknown. Entries it does store are served as usual.
 """
 from __future__ import annotations
 
@@ -22,6 +33,7 @@ from clusters.config import BookieConfig
 from clusters.metadata.store import MetadataStore, NodeExists, NoNode
 from clusters.metrics import REGISTRY
 
+from . import cookie as cookies
 from . import protocol as P
 from .http import BookieHttpServer
 from .journal import T_ADD, T_DELETE, T_FENCE, Journal
@@ -33,6 +45,9 @@ AVAILABLE = "/ledgers/available"
 # pause reading a connection while this many of its adds wait for the journal
 MAX_INFLIGHT_PER_CONN = 20000
 RESUME_INFLIGHT = 10000
+COOKIE_EXIT = 3          # the exit code of a bookie whose cookies refuse its disks
+ZK_CONNECT_S = 60.0      # how long start() tries to reach ZooKeeper for the cookie check
+LIMBO_FILE = "limbo.json"
 
 
 
@@ -114,6 +129,9 @@ class Bookie:
         self.knobs = Knobs(cfg.bugs, "bookie")      # bug knobs (clusters/bugs.py)
         ack_early = self.knobs.on("bookie.ack_before_fsync")
         self.ignore_fence = self.knobs.on("bookie.ignore_fence")
+        self.no_cookie = self.knobs.on("bookie.no_cookie")
+        self.limbo: set[int] = set()       # ledgers this bookie lost in an earlier life
+        self.cookie_state: str | None = None   # "new" / "ok" after the check; None: not checked
         self.journal = Journal(self.data_dir / "journal", sync_data=cfg.journal_sync_data,
                                ack_before_fsync=ack_early,
                                max_group_wait_ms=cfg.journal_max_group_wait_ms,
@@ -133,6 +151,15 @@ class Bookie:
     async def start(self) -> "Bookie":
         self.loop = asyncio.get_running_loop()
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        cookie = None
+        if not self.no_cookie:
+            await self._connect(ZK_CONNECT_S)
+            how = ("python -m clusters.bookie.cookie format <its config.json>, or "
+                   "Cluster.format(name), with the bookie stopped")
+            self.cookie_state, cookie = await cookies.check(self.store, self.cfg.bookie_id,
+                                                            self.data_dir, how)
+            if self.cookie_state == "ok":
+                self.limbo = await asyncio.to_thread(self._read_limbo)
         ckpt = await asyncio.to_thread(self.storage.open)
         counts = {T_ADD: 0, T_FENCE: 0, T_DELETE: 0}
         st = self.storage
@@ -155,6 +182,11 @@ class Bookie:
             await self._checkpoint()
         else:
             self.journal.gc(st.checkpoint_seq)
+        if self.cookie_state == "new":
+            await self._become_new(cookie)
+        elif self.limbo:
+            log.info("bookie %s: %d ledger(s) in limbo (lost before it was formatted)",
+                     self.cfg.bookie_id, len(self.limbo))
         self.server = await self.loop.create_server(lambda: _Conn(self), self.cfg.host,
                                                     self.cfg.port, reuse_address=True,
                                                     backlog=1024)
@@ -219,9 +251,90 @@ class Bookie:
                 log.exception("checkpoint failed")
                 await asyncio.sleep(1)
 
+    # -- cookies and limbo ---------------------------------------------------------
+    def _limbo_path(self) -> Path:
+        return self.data_dir / "current" / LIMBO_FILE
+
+    def _read_limbo(self) -> set[int]:
+        try:
+            return {int(x) for x in json.loads(self._limbo_path().read_text())["ledgers"]}
+        except FileNotFoundError:
+            return set()
+        except (ValueError, KeyError, TypeError) as e:
+            raise cookies.CookieError(f"bookie {self.cfg.bookie_id}: {self._limbo_path()} is "
+                                      f"corrupt ({e}); format it as a new bookie") from None
+
+    def _write_limbo(self) -> None:
+        p = self._limbo_path()
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(p.name + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump({"ledgers": sorted(self.limbo)}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+        for d in (p.parent, p.parent.parent):
+            fd = os.open(d, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    async def _become_new(self, cookie: "cookies.Cookie") -> None:
+        """A new bookie: put the ledgers the metadata lists it in (and it does not hold) in limbo,
+        fence them, have auto-recovery move them off it, then write its cookies."""
+        from clusters.autorecovery.urmanager import UnderreplicationManager
+        from clusters.bookkeeper.client import BookKeeper
+        me = self.cfg.bookie_id
+        bk = BookKeeper(self.store, name=f"cookie-{me}")    # metadata reads only: never started
+        held = await bk.all_ledger_metadata()
+        lost = {lid for lid, md in held.items() if me in md.bookies()} - set(self.storage.ledgers)
+        if lost:
+            self.limbo = lost
+            for lid in lost:
+                self.storage.set_fenced(lid)
+            await self._checkpoint()
+            await asyncio.to_thread(self._write_limbo)
+
+            async def zk(fn, *a, **kw):
+                return await fn(*a, **kw)
+            urm = UnderreplicationManager(self.store, zk)
+            await urm.ensure_paths()
+            for lid in sorted(lost):
+                await urm.mark(lid, {me}, me, formatted={me})
+            log.warning("bookie %s: new bookie under an id the ledger metadata already lists: %d "
+                        "ledger(s) %s in limbo (fenced here, never answered 'no such entry'), "
+                        "marked under-replicated for auto-recovery", me, len(lost),
+                        sorted(lost)[:20])
+        await cookies.stamp(self.store, cookie)
+        log.info("bookie %s: new bookie; cookie written to %s and %s", me,
+                 cookies.metadata_path(me), ", ".join(str(cookies.cookie_path(d)) for d in
+                                                     [cookie.journal_dir, *cookie.ledger_dirs]))
+
     # -- ZooKeeper registration --------------------------------------------------
     def _zk_path(self) -> str:
         return f"{AVAILABLE}/{self.cfg.bookie_id}"
+
+    async def _connect(self, limit_s: float) -> None:
+        """Connect the metadata store, retrying for at most limit_s (then the last error)."""
+        deadline = self.loop.time() + limit_s
+        while self.store is None:
+            store = MetadataStore(self.cfg.zk, session_timeout=self.cfg.zk_session_timeout,
+                                  name=self.cfg.name)
+            try:
+                await store.start(timeout=15)
+                self.store = store
+            except Exception as e:
+                try:
+                    await store.close()
+                except Exception:
+                    pass
+                if self.loop.time() >= deadline:
+                    raise cookies.CookieError(f"bookie {self.cfg.bookie_id}: ZooKeeper at "
+                                              f"{self.cfg.zk} not reachable for {limit_s:.0f}s "
+                                              f"({e!r}); the cookies cannot be checked") from None
+                log.warning("bookie %s: ZooKeeper not reachable yet: %r", self.cfg.bookie_id, e)
+                await asyncio.sleep(1)
 
     async def _registration(self) -> None:
         while self.store is None:
@@ -377,7 +490,8 @@ class Bookie:
         def respond() -> None:
             st = self.storage.ledgers.get(ledger)
             if st is None:
-                conn.send(P.encode_response(op, P.NO_SUCH_LEDGER, rid, ledger, P.INVALID_ENTRY))
+                conn.send(P.encode_response(op, self._absent(ledger, P.NO_SUCH_LEDGER), rid,
+                                            ledger, P.INVALID_ENTRY))
                 return
             conn.send(P.encode_response(op, P.OK, rid, ledger, P.INVALID_ENTRY,
                                         P.read_body(-1, -1, 0, st.max_lac, st.last_entry)))
@@ -390,18 +504,25 @@ class Bookie:
         def respond() -> None:
             st = self.storage.ledgers.get(ledger)
             if st is None:
-                conn.send(P.encode_response(P.READ, P.NO_SUCH_LEDGER, rid, ledger, entry))
+                conn.send(P.encode_response(P.READ, self._absent(ledger, P.NO_SUCH_LEDGER), rid,
+                                            ledger, entry))
                 return
             e = self.storage.cached(ledger, entry)
             if e is not None:
                 self._send_entry(conn, rid, ledger, entry, st, e)
             elif entry > st.last_entry:
-                conn.send(P.encode_response(P.READ, P.NO_SUCH_ENTRY, rid, ledger, entry))
+                conn.send(P.encode_response(P.READ, self._absent(ledger, P.NO_SUCH_ENTRY), rid,
+                                            ledger, entry))
             else:
                 self.loop.create_task(self._read_slow(conn, rid, ledger, entry))
         if not self._after_fence(bool(flags & P.FLAG_DO_FENCING), ledger, conn, P.READ, rid,
                                  entry, respond):
             respond()
+
+    def _absent(self, ledger: int, status: int) -> int:
+        """What to answer for something this bookie does not store: the negative `status`, or
+        ERROR (unknown) for a ledger in limbo, whose entries it may have acknowledged and lost."""
+        return P.ERROR if ledger in self.limbo else status
 
     def _send_entry(self, conn: _Conn, rid: int, ledger: int, entry: int, st, e) -> None:
         lac, length, crc, payload = e
@@ -422,9 +543,11 @@ class Bookie:
             return
         st = self.storage.ledgers.get(ledger)
         if st is None:
-            conn.send(P.encode_response(P.READ, P.NO_SUCH_LEDGER, rid, ledger, entry))
+            conn.send(P.encode_response(P.READ, self._absent(ledger, P.NO_SUCH_LEDGER), rid,
+                                        ledger, entry))
         elif e is None:
-            conn.send(P.encode_response(P.READ, P.NO_SUCH_ENTRY, rid, ledger, entry))
+            conn.send(P.encode_response(P.READ, self._absent(ledger, P.NO_SUCH_ENTRY), rid,
+                                        ledger, entry))
         else:
             self._send_entry(conn, rid, ledger, entry, st, e)
 
@@ -433,6 +556,9 @@ class Bookie:
             conn.send(P.encode_response(P.DELETE, P.NO_SUCH_LEDGER, rid, ledger, P.INVALID_ENTRY))
             return
         self.storage.delete(ledger)
+        if ledger in self.limbo:
+            self.limbo.discard(ledger)
+            self._write_limbo()
 
         def done(exc: BaseException | None) -> None:
             conn.send(P.encode_response(P.DELETE, P.OK if exc is None else P.ERROR, rid, ledger,
@@ -442,7 +568,14 @@ class Bookie:
 
 async def serve(cfg: BookieConfig, stop: asyncio.Event) -> None:
     bookie = Bookie(cfg)
-    await bookie.start()
+    try:
+        await bookie.start()
+    except cookies.CookieError as e:
+        if bookie.store is not None:
+            await bookie.store.close()
+        # one line, the log's last: the deployment reports it with the exit code
+        log.error("%s", e)
+        raise SystemExit(COOKIE_EXIT) from None
     # auto-recovery (auditor candidate + replication worker) in this process, as BookKeeper's
     # autoRecoveryDaemonEnabled; it connects in the background and stops before the bookie
     from clusters.autorecovery import start_in_bookie

@@ -144,6 +144,10 @@ def _fail(op: _Add, exc: ManagedLedgerError) -> None:
         op.fut.set_exception(type(exc)(*exc.args))
 
 
+class _BackingOff(ManagedLedgerError):
+    """An add refused at once: the last rollovers failed and the next attempt is not due yet."""
+
+
 class ManagedLedger:
     """Append-only log of entries for one topic, owned by one broker at a time."""
 
@@ -374,6 +378,8 @@ class ManagedLedger:
         """Append one entry; concurrent calls complete in call order, at increasing positions."""
         if self._state in ("fenced", "closed"):
             raise self._refusal()
+        if self._state == "failed" and (refused := self._backing_off()) is not None:
+            raise refused
         op = _Add(bytes(data), asyncio.get_running_loop().create_future())
         if self._state == "open" and not self._queued:
             if self._full():
@@ -405,6 +411,7 @@ class ManagedLedger:
             return                          # already re-queued for the next ledger
         if exc is None:
             self._inflight.remove(op)
+            self._create_failures = 0       # a ledger that works: the rollover back-off starts over
             pos = Position(lh.ledger_id, bk_fut.result())
             self._cache.put(pos, op.data)
             if self._last_confirmed is None or pos > self._last_confirmed:
@@ -433,6 +440,8 @@ class ManagedLedger:
         log.warning("%s: add to ledger %d failed (%s); rolling over", self.name, lh.ledger_id, exc)
         self._requeue(lh)
         if self._state == "open":
+            if lh.last_add_confirmed < 0:
+                self._note_broken_rollover()    # it broke before any add to it succeeded
             self._start_roll()
 
     def _requeue(self, lh: Any) -> None:
@@ -449,6 +458,28 @@ class ManagedLedger:
                 keep.append(op)
         self._inflight = keep
         self._queued.extendleft(reversed(moved))
+
+    # Rollover back-off (no ledger-creation storm while the bookies are down): after a failed
+    # rollover (the ledger creation failed, or the new ledger broke before any add to it succeeded)
+    # the next one is tried at once, then after 1, 2, 4, 8 and at most 10 s; meanwhile adds fail at
+    # once with a retryable error. Pulsar's ManagedLedgerImpl refuses adds for
+    # WaitTimeAfterLedgerCreationFailureMs (10 s) after a failed ledger creation likewise.
+    ROLLOVER_BACKOFF_MAX_S = 10.0
+    _create_failures = 0            # failed rollovers in a row
+    _retry_at = 0.0                 # monotonic time of the next attempt
+
+    def _note_broken_rollover(self) -> None:
+        self._create_failures += 1
+        n = self._create_failures
+        delay = 0.0 if n == 1 else min(self.ROLLOVER_BACKOFF_MAX_S, 2.0 ** (n - 2))
+        self._retry_at = time.monotonic() + delay
+
+    def _backing_off(self) -> ManagedLedgerError | None:
+        wait = self._retry_at - time.monotonic()
+        if wait <= 0:
+            return None
+        return _BackingOff(f"{self.name}: waiting for a new ledger: {self._create_failures} rollovers failed "
+                           f"in a row; next attempt in {wait:.1f}s")
 
     def _start_roll(self) -> None:
         if self._roll_task is None:
@@ -481,6 +512,9 @@ class ManagedLedger:
                 self._lh = None
             if self._state in ("closed", "fenced"):
                 return
+            refused = self._backing_off()
+            if refused is not None:
+                raise refused
             await self._create_ledger()
             self.trim_soon()          # Pulsar trims consumed ledgers after every rollover
         except ManagedLedgerFenced as e:
@@ -488,6 +522,8 @@ class ManagedLedger:
             return
         except ManagedLedgerError as e:
             if self._state not in ("closed", "fenced"):
+                if not isinstance(e, _BackingOff):
+                    self._note_broken_rollover()
                 log.warning("%s: rollover failed: %s", self.name, e)
                 self._state = "failed"
             self._fail_queued(e)

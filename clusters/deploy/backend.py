@@ -218,6 +218,12 @@ class Cluster(abc.ABC):
         """Delete a dead node's data (its identity and config stay): the next start() begins empty."""
         raise Unsupported(f"{type(self).__name__} cannot wipe a node's disk")
 
+    def format(self, name: str) -> dict[str, Any]:
+        """The operator's answer to a bookie that refuses its disks: format the stopped bookie as a
+        new bookie (its cookie in the metadata store and its local data deleted, BookKeeper's
+        `bookieformat -deleteCookie`); the next start() writes new cookies under the same id."""
+        raise Unsupported(f"{type(self).__name__} cannot format a bookie")
+
     def power_loss(self, names: Iterable[str]) -> dict[str, Any]:
         """Kill these nodes at once and lose every write of theirs that was not fsync'ed (the nodes
         stay down; start() brings them back). Needs the cluster deployed with lazy disks."""

@@ -571,6 +571,30 @@ class StateFileCluster(StateInventory, Cluster):
             wiped = statefile.wipe_data_dir(n)
         return {"node": name, **wiped}
 
+    def format(self, name: str) -> dict[str, Any]:
+        """Format a stopped bookie as a new bookie (clusters/bookie/cookie.py): its cookie in the
+        metadata store is deleted (through the cluster's ZooKeeper, from this host) and its journal,
+        ledger storage and cookie files on disk; records `formatted_at` in state.json. Returns
+        {node, bookie, cookie_deleted, removed}."""
+        from clusters.bookie import cookie
+        with self._txn() as state:
+            n = self._entry(state, name)
+            if n["role"] != "bookie":
+                raise ClusterError(f"{name} is a {n['role']}, not a bookie; only bookies are formatted")
+            seen = self._seen([n])[name]
+            if seen.alive:
+                raise ClusterError(f"{name} is running (pid {seen.pid}); a bookie is formatted while stopped",
+                                   f"stop it first ({self._cli('stop', self.name, name)})")
+            bookie_id = node_config.load(n["config"]).bookie_id
+            data_dir = n["data_dir"]
+        try:
+            out = cookie.format_bookie_blocking(self.zk_connect, bookie_id, data_dir)
+        except cookie.CookieError as e:
+            raise ClusterError(f"formatting {name} failed: {e}", "check that ZooKeeper is up") from None
+        with self._txn() as state:
+            state["nodes"][name]["formatted_at"] = statefile.now()
+        return {"node": name, **out}
+
     def exec(self, name: str, argv: list[str], timeout: float = 30.0,
              **run_kw: Any) -> subprocess.CompletedProcess:
         """Run a short command on a node's host and wait for it: for probes."""

@@ -17,6 +17,7 @@ from clusters.autorecovery import ReplicationWorker, lock_path, stats, ur_path
 from clusters.bookkeeper.admin import BookKeeperAdmin, fragments
 from clusters.bookkeeper.errors import BKLedgerClosedError, BKLedgerFencedError
 from clusters.bookkeeper.metadata import CLOSED, OPEN, LedgerMetadata, ledger_path
+from clusters.metadata.store import MetadataStore
 from clusters.metrics import scrape
 
 from .conftest import MANUAL, autorecovery, client, gone_from_zk, payload, run, wait_until
@@ -302,3 +303,61 @@ def test_three_bookies_no_spare_then_a_fourth(bookies, zk):
                          for p in [*live_procs, fourth])
             assert copied >= 3 * 20          # 2 of every 3 entries were on the lost bookie
     run(scenario(), timeout=130)
+
+
+def test_a_bookie_formatted_at_the_same_address_is_replicated_off(bookies, zk):
+    """apache/bookkeeper#4812: a bookie wiped and formatted comes back as a new bookie under its old
+    address. It refuses its wiped disk (cookie), is formatted, and at its new first start marks the
+    ledgers the metadata lists it in as under-replicated with itself `formatted`: the worker then
+    moves its fragments to a spare although a bookie with that id is registered (a record without
+    `formatted` would change nothing: the bookie counts as live)."""
+    import shutil
+    from pathlib import Path
+
+    from clusters.bookie import cookie
+    from clusters.bookie import protocol as P
+    from tests.bookie.test_bookie import RawClient
+    procs = bookies.start(4, **MANUAL)
+    by_addr = {p.addr: p for p in procs}
+
+    async def write():
+        async with client(zk, 4) as (_store, bk, _urm):
+            lh = await write_ledger(bk, 30)
+            return lh.ledger_id, (await bk.ledger_metadata(lh.ledger_id)).ensembles[0]
+    lid, ens = run(write())
+    victim = by_addr[ens[1]]
+    victim.kill9()
+    for p in Path(victim.cfg.data_dir).iterdir():
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    victim.start(wait=False)
+    victim.proc.wait(30)
+    assert victim.proc.returncode == 3 and "cookie is missing" in victim.log_tail(5)
+
+    async def fmt():
+        store = await MetadataStore(zk).start()
+        try:
+            return await cookie.format_bookie(store, victim.addr, victim.cfg.data_dir)
+        finally:
+            await store.close()
+    assert run(fmt())["cookie_deleted"] is True
+    victim.start()
+
+    async def scenario():
+        async with client(zk, 4) as (_store, bk, urm):
+            rec, _ = await urm.get(lid)
+            assert rec["replicas"] == [victim.addr] and rec["formatted"] == [victim.addr]
+            w = ReplicationWorker(bk, urm, "worker:1", grace_s=30)
+            outcome, md = await w.replicate_ledger(lid, {victim.addr})      # without `formatted`
+            assert outcome == "replicated" and md.ensembles == {0: ens}      # nothing moved
+            assert await w.run_once() == {lid: "replicated"}
+            assert await urm.list() == []
+            md = await bk.ledger_metadata(lid)
+            spare = next(a for a in by_addr if a not in ens)
+            assert md.ensembles == {0: [ens[0], spare, ens[2]]}
+            await assert_two_live_copies(bk, lid, set(by_addr) - {victim.addr}, 30)
+            c = await RawClient(victim.cfg.port).connect()
+            try:
+                assert (await c.read(lid, 1))[0] == P.ERROR     # still in limbo there, never "absent"
+            finally:
+                await c.close()
+    run(scenario())

@@ -185,6 +185,9 @@ def test_wipe_a_stopped_bookie(cluster):
     assert report["node"] == "bookie-3" and report["files"] > 0 and report["removed"]
     assert list(node.data_dir.iterdir()) == []
     assert node.config.is_file() and node.log.is_file()        # identity and history stay
+    with pytest.raises(ClusterError, match="exited with code 3 while starting: .*cookie is missing on disk"):
+        cluster.start("bookie-3")                              # its cookie is in ZooKeeper still
+    assert cluster.format("bookie-3")["cookie_deleted"] is True
     cluster.start("bookie-3")
     assert cluster.node("bookie-3").alive
 

@@ -25,8 +25,10 @@ def _cfg(**kw):
 def test_entries_no_bookie_has_are_skipped_only_when_asked(bookies, zk, skip):
     """Ledger 1 holds entries 0-4 on the only bookie; the bookie's disk is wiped and it comes back
     empty, then 5 more entries go to the next ledger. A new owner reads from the first entry: with
-    the setting it gets the 5 that exist and counts 5 skipped; without it the read fails."""
-    (bookie,) = bookies.start(1)
+    the setting it gets the 5 that exist and counts 5 skipped; without it the read fails. (The
+    bookie runs without cookies, `bookie.no_cookie`, so that it comes back on its wiped disk and
+    says "no such entry"; with cookies it would refuse to start until formatted.)"""
+    (bookie,) = bookies.start(1, bugs={"bookie.no_cookie": True})
     name = ml_name()
     payload = [b"entry-%d" % i for i in range(10)]
 

@@ -4,10 +4,12 @@ Unit tests drive the nemeses on the in-memory FakeCluster; the integration tests
 netns cluster (1 ZooKeeper, 3 bookies, 2 brokers, E/Qw/Qa 3/2/2) and check its effect while active,
 the values it records, and that the cluster serves again afterwards through the official client.
 
-The last test is a finding about the reference system: a bookie restarted with an empty disk under
-the same identity answers NoSuchEntry for entries it had acknowledged, and ledger recovery takes
-that as the truth and truncates the ledger (BookKeeper prevents it with cookies, apache/bookkeeper#544
-and PR #712: a bookie whose directories are empty while ZooKeeper holds its cookie refuses to start).
+The recovery tests are about bookie cookies: a bookie restarted with an empty disk refuses to start
+(BookKeeper's cookies, apache/bookkeeper#544 and PR #712: its directories have no cookie while
+ZooKeeper holds one) until it is formatted as a new bookie, and the ledgers it held are then in
+limbo (answered ERROR, never NoSuchEntry; BP-46), so ledger recovery keeps every acknowledged
+entry. With the knob `bookie.no_cookie` the wiped bookie rejoins under its old identity, answers
+NoSuchEntry, and recovery truncates acknowledged entries (apache/bookkeeper#4812, apache/pulsar#26074).
 Semantics: https://bookkeeper.apache.org/docs/getting-started/concepts#ledger-recovery (fencing,
 recovery reads), https://bookkeeper.apache.org/docs/latest/api/javadoc/org/apache/bookkeeper/bookie/Cookie.html.
 """
@@ -29,9 +31,22 @@ from tests.nemesis.fakes import FakeCluster
 
 
 class WipeableFake(FakeCluster):
-    def __init__(self, *a: Any, refuse: set[str] = frozenset(), **kw: Any):
+    """refuse: nodes that refuse to start until formatted; unformattable: their format fails too."""
+
+    def __init__(self, *a: Any, refuse: set[str] = frozenset(), unformattable: set[str] = frozenset(), **kw: Any):
         super().__init__(*a, **kw)
         self.refuse = set(refuse)
+        self.unformattable = set(unformattable)
+
+    def format(self, name: str) -> dict[str, Any]:
+        if self._nodes[name].alive:
+            raise ClusterError(f"{name} is running")
+        self.calls.append(("format", name))
+        if name in self.unformattable:
+            raise ClusterError(f"formatting {name} failed: ZooKeeper not reachable")
+        self.refuse.discard(name)
+        return {"node": name, "bookie": f"{self._nodes[name].host}:3181", "cookie_deleted": True,
+                "removed": ["current"]}
 
     def stop(self, name: str) -> None:
         super().kill(name)
@@ -40,7 +55,7 @@ class WipeableFake(FakeCluster):
     def start(self, name: str):
         if name in self.refuse:
             self.calls.append(("refused", name))
-            raise ClusterError(f"{name} exited with code 1 while starting: cookie mismatch")
+            raise ClusterError(f"{name} exited with code 3 while starting: cookie is missing")
         return super().start(name)
 
     def wipe(self, name: str) -> dict[str, Any]:
@@ -137,14 +152,30 @@ def test_disk_wipe_kills_wipes_and_records_the_restart():
     assert c.calls == [("kill", name), ("wipe", name)]
     out = nem.stop(ctx)
     assert out["came_up"] is True and out["restarted"] is True and out["error"] is None and c.node(name).alive
-    # a node that refuses to start on its empty disk: recorded, not retried
+    assert out["refused"] is None and out["formatted"] is None         # it started on its empty disk
+    # a bookie that refuses its empty disk: recorded, formatted as a new bookie, started again
     c2 = WipeableFake(bookies=3, refuse={"bookie-1"})
     nem2 = DiskWipeNemesis("bookie-1")
     ctx2 = ctx_of(c2)
     nem2.start(ctx2, nem2.choose(ctx2))
     out2 = nem2.stop(ctx2)
-    assert out2["came_up"] is False and "cookie mismatch" in out2["error"] and out2["pid"] is None
+    assert out2["came_up"] is True and "cookie is missing" in out2["refused"] and out2["error"] is None
+    assert out2["formatted"]["cookie_deleted"] is True and out2["pid"] == c2.node("bookie-1").pid
+    assert c2.calls[-3:] == [("refused", "bookie-1"), ("format", "bookie-1"), ("start", "bookie-1")]
     assert nem2.applied is None
+    # a format that fails too: recorded, not retried; a ZooKeeper node that refuses is not formatted
+    c3 = WipeableFake(bookies=3, refuse={"bookie-2", "zk-1"}, unformattable={"bookie-2"})
+    for target, formats in (("bookie-2", True), ("zk-1", False)):
+        nem3 = DiskWipeNemesis(target)
+        ctx3 = ctx_of(c3)
+        nem3.start(ctx3, nem3.choose(ctx3))
+        out3 = nem3.stop(ctx3)
+        assert out3["came_up"] is False and out3["pid"] is None and nem3.applied is None
+        if formats:
+            assert "cookie is missing" in out3["refused"] and "ZooKeeper not reachable" in out3["error"]
+        else:
+            assert out3["refused"] is None and "cookie is missing" in out3["error"]
+        assert (("format", target) in c3.calls) is formats
     # a target that is no bookie or ZooKeeper node
     with pytest.raises(NemesisError, match="resolved to \\['broker-1'\\], no bookie or ZooKeeper node"):
         DiskWipeNemesis("broker-1").start(ctx2)
@@ -270,7 +301,7 @@ async def _read_from(cluster, addr: str, ledger: int, entry: int):
 @pytest.mark.timeout(300)
 def test_disk_wipe_of_a_ledger_bookie_then_restart(cluster):
     from clusters.bookkeeper import quorum
-    from clusters.bookkeeper.errors import BKNoSuchEntryError
+    from clusters.bookkeeper.errors import BKNoSuchEntryError, BKReadError
     topic = new_topic()
     produce(cluster, topic, list(range(20)))
     ctx = ctx_of(cluster, seed=2, topics=[topic])
@@ -297,26 +328,29 @@ def test_disk_wipe_of_a_ledger_bookie_then_restart(cluster):
     with pytest.raises(ClusterError, match="is running"):
         cluster.wipe(sorted(set(found["nodes"]) - {victim})[0])
     out = nem.stop(ctx)
+    # it refused its wiped disk (its cookie is missing), was formatted and came up as a new bookie
+    assert "exited with code 3" in out["refused"] and "cookie is missing on disk" in out["refused"]
+    refusals = [ln for ln in cluster.node(victim).log.read_text().splitlines() if "cookie is missing" in ln]
+    assert len(refusals) == 1 and "format it as a new bookie" in refusals[0]
+    assert out["formatted"]["cookie_deleted"] is True and out["formatted"]["bookie"] == addr
     assert out["came_up"] is True and out["restarted"] is True and out["error"] is None
     assert out["pid"] == cluster.node(victim).pid != v["pid"] and out["last_log_line"]
-    # the restarted bookie has the same identity and none of the entries it had acknowledged
+    # the new bookie has the same address and none of the entries it had acknowledged: they are in
+    # limbo there (ERROR, never "no such entry")
     for e in held[:3]:
         answer = asyncio.run(_read_from(cluster, addr, ledger, e))
-        assert isinstance(answer, BKNoSuchEntryError), answer
+        assert isinstance(answer, BKReadError) and not isinstance(answer, BKNoSuchEntryError), answer
+        assert "ERROR" in str(answer)
     # the other copy still serves every message
     assert read_all(cluster, topic, 20) == list(range(20))
 
 
-@pytest.mark.integration
-@pytest.mark.timeout(300)
-@pytest.mark.xfail(strict=True, reason="finding: a bookie wiped and restarted with the same identity answers "
-                                       "NoSuchEntry, and ledger recovery truncates acknowledged entries "
-                                       "(no cookie check; docs/architecture.md, 'Disk wipe')")
-def test_recovery_keeps_acknowledged_entries_after_a_bookie_wipe(cluster):
-    """Entries acknowledged by Qa=2 bookies; one of the two bookies of the last entry's write set is
-    wiped and restarted, the other is down, the third is up. Recovery of the ledger must either keep
-    every acknowledged entry or fail (it cannot tell): it must not close the ledger before the last
-    acknowledged entry."""
+def _wipe_a_bookie_of_the_last_entry(cluster, no_cookie: bool) -> tuple[int, int, str, str, dict]:
+    """Write 6 entries acknowledged by Qa=2 bookies (the writer goes away without closing), wipe one
+    of the two bookies of the last entry's write set with the disk-wipe nemesis (with `no_cookie`,
+    its config turned to bookie.no_cookie first) and kill the other: (ledger, last, wiped, down,
+    the nemesis's stop value)."""
+    from clusters import config as node_config
     from clusters.autorecovery.check import connect
     from clusters.bookkeeper import quorum
     names = {f"{n.host}:{n.ports['bookie']}": n.name for n in cluster.nodes("bookie")}
@@ -334,21 +368,78 @@ def test_recovery_keeps_acknowledged_entries_after_a_bookie_wipe(cluster):
     ctx = ctx_of(cluster)
     nem = DiskWipeNemesis(wiped)
     nem.start(ctx, nem.choose(ctx))
-    assert nem.stop(ctx)["came_up"] is True
+    if no_cookie:
+        path = cluster.node(wiped).config
+        cfg = node_config.load(path)
+        cfg.bugs = {**cfg.bugs, "bookie.no_cookie": True}
+        node_config.write(cfg, path)
+    out = nem.stop(ctx)
     cluster.kill(down)
+    return ledger, last, wiped, down, out
+
+
+def _recover(cluster, ledger: int):
+    """Open the ledger with recovery: its metadata once closed, or the error (undecidable is safe)."""
+    from clusters.autorecovery.check import connect
+
+    async def recover():
+        async with connect(cluster.zk_connect, name="lc-recovery") as (_s, bk, _u):
+            try:
+                rh = await asyncio.wait_for(bk.open_ledger(ledger, recovery=True), 60)
+            except Exception as e:  # noqa: BLE001 - recovery that cannot decide is safe
+                return e
+            return rh.metadata
+    return asyncio.run(recover())
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_recovery_keeps_acknowledged_entries_after_a_bookie_wipe(cluster):
+    """Entries acknowledged by Qa=2 bookies; one of the two bookies of the last entry's write set is
+    wiped, the other is down, the third is up. The wiped bookie refuses to start (its cookie is
+    missing) until formatted; formatted, the ledger is in limbo on it. Recovery of the ledger must
+    either keep every acknowledged entry or fail (it cannot tell): it must not close the ledger
+    before the last acknowledged entry."""
+    ledger, last, wiped, down, out = _wipe_a_bookie_of_the_last_entry(cluster, no_cookie=False)
     try:
-        async def recover():
-            async with connect(cluster.zk_connect, name="lc-recovery") as (_s, bk, _u):
-                try:
-                    rh = await asyncio.wait_for(bk.open_ledger(ledger, recovery=True), 60)
-                except Exception as e:  # noqa: BLE001 - recovery that cannot decide is safe
-                    return e
-                return rh.metadata
-        md = asyncio.run(recover())
+        assert "cookie is missing" in out["refused"] and out["formatted"]["cookie_deleted"] is True
+        assert out["came_up"] is True
+        md = _recover(cluster, ledger)
         if not isinstance(md, Exception):
             assert md.last_entry_id >= last, (f"ledger {ledger} closed at entry {md.last_entry_id}: acknowledged "
                                               f"entries {md.last_entry_id + 1}..{last} truncated")
+        # the last entry's write set is the formatted bookie (in limbo: ERROR) and the down one
+        assert "cannot tell whether it exists" in str(md), md
     finally:
+        cluster.start(down)
+    md = _recover(cluster, ledger)       # with both copies' other bookie back it is decided, in full
+    assert not isinstance(md, Exception) and md.last_entry_id == last, md
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_without_cookies_recovery_truncates_acknowledged_entries(cluster):
+    """bookie.no_cookie (apache/bookkeeper#4812, apache/pulsar#26074): the wiped bookie rejoins at
+    once under its old identity, answers NoSuchEntry, and recovery closes the ledger before
+    acknowledged entries. Afterwards the bookie gets its config back and is formatted as an operator
+    would (it then refuses its disk, whose cookie the no-cookie run never wrote)."""
+    from clusters import config as node_config
+    ledger, last, wiped, down, out = _wipe_a_bookie_of_the_last_entry(cluster, no_cookie=True)
+    try:
+        assert out["came_up"] is True and out["refused"] is None and out["formatted"] is None
+        md = _recover(cluster, ledger)
+        assert not isinstance(md, Exception), md
+        assert md.last_entry_id < last, f"ledger {ledger} closed at {md.last_entry_id}: nothing truncated"
+    finally:
+        path = cluster.node(wiped).config
+        cfg = node_config.load(path)
+        cfg.bugs = {k: v for k, v in cfg.bugs.items() if k != "bookie.no_cookie"}
+        node_config.write(cfg, path)
+        cluster.stop(wiped)
+        with pytest.raises(ClusterError, match="cookie is missing"):
+            cluster.start(wiped)
+        assert cluster.format(wiped)["cookie_deleted"] is True
+        cluster.start(wiped)
         cluster.start(down)
 
 
