@@ -280,6 +280,8 @@ class ChannelView:
     storage: StorageType = StorageType.SystemTopic
     check_brokers: bool = True
     data: dict[str, ServiceUnitStateData] = field(default_factory=dict)
+    # the keys in Splitting, kept by apply (SplitScheduler asks every cycle; a scan would cost every bundle)
+    _splitting: set[str] = field(default_factory=set, compare=False, repr=False)
 
     def apply(self, key: str, value: ServiceUnitStateData | None) -> ApplyResult:
         prev = self.data.get(key)
@@ -290,7 +292,15 @@ class ChannelView:
             self.data.pop(key, None)
         else:
             self.data[key] = value
+        if value is not None and value.state == S.Splitting:
+            self._splitting.add(key)
+        else:
+            self._splitting.discard(key)
         return ApplyResult(key, True, None, prev, value)
+
+    def splitting(self) -> list[str]:
+        """The keys whose record is Splitting, sorted."""
+        return sorted(self._splitting)
 
     def apply_encoded(self, key: str, payload: bytes | None) -> ApplyResult:
         """A raw message: None (or empty) is a tombstone; ChannelDecodeError on a bad payload."""
