@@ -202,13 +202,17 @@ class Cluster:
         100 x cores, bandwidth KB/s, memory MB)."""
         p = self.p
         cores = max(1, p.cpu_cores)
-        cpu = p.base_cpu_percent * cores + (br.rate_in + br.rate_out) * p.cpu_per_msg_us / 1e6 * 100
+        noise = [1.0, 1.0, 1.0]
+        if p.report_noise > 0:
+            noise = [max(0.0, 1 + self.rng.gauss(0, p.report_noise)) for _ in range(3)]
+            br.dirty = True              # the next report is a new sample
+        cpu = p.base_cpu_percent * cores + (br.rate_in + br.rate_out) * p.cpu_per_msg_us / 1e6 * 100 * noise[0]
         nic_kb = p.nic_mbytes * 1024
         return {"cpu": ResourceUsage(cpu, 100.0 * cores),
                 "memory": ResourceUsage(1024.0, 8192.0),
                 "directMemory": ResourceUsage(256.0, 4096.0),
-                "bandwidthIn": ResourceUsage(br.bytes_in / 1024, nic_kb),
-                "bandwidthOut": ResourceUsage(br.bytes_out / 1024, nic_kb)}
+                "bandwidthIn": ResourceUsage(br.bytes_in / 1024 * noise[1], nic_kb),
+                "bandwidthOut": ResourceUsage(br.bytes_out / 1024 * noise[2], nic_kb)}
 
     def _account(self, t: int, broker: str, sign: int) -> None:
         br = self.brokers[broker]
@@ -278,7 +282,7 @@ class Cluster:
             if epoch != self.t_epoch[t] or self.t_broker[t] is not None:
                 return
             b = self.bundles.get(self.t_bundle[t])
-            if (not br.up or br.epoch != life or b is None or b.owner != owner):
+            if not br.up or br.epoch != life or b is None or not self.owns(b, owner):
                 self._retry(t)             # the bundle moved while loading: the client is redirected
                 return
             self.t_broker[t] = owner
@@ -317,6 +321,10 @@ class Cluster:
                 self.disconnect(t)
 
     # ------------------------------------------------------------------------------------- interface
+    def owns(self, b: Bundle, broker: str) -> bool:
+        """Whether `broker` serves `b` when a topic of it is loaded there."""
+        return b.owner == broker
+
     def lookup(self, bundle: str, answer: Callable[[str | None], None]) -> None:
         raise NotImplementedError
 
@@ -355,7 +363,7 @@ class Cluster:
         self.broker_stopping(broker)
 
         def gone() -> None:
-            for name in list(br.bundles):
+            for name in sorted(br.bundles):
                 self.close_bundle(name, broker)
             br.up = False
             br.registered = False

@@ -112,6 +112,14 @@ class ExtensibleCluster(Cluster):
         for w in waiters:
             w(owner)
 
+    def owns(self, b: Any, broker: str) -> bool:
+        """A broker serves what the channel says it owns (a restarted broker finds its Owned records)."""
+        if not self.view.is_owner(b.name, broker):
+            return False
+        if b.owner != broker:
+            self.own_bundle(b.name, broker)
+        return True
+
     # -- lookups -----------------------------------------------------------------------------------
     def lookup(self, bundle: str, answer: Callable[[str | None], None]) -> None:
         b = self.bundles.get(bundle)

@@ -38,9 +38,15 @@ def settle_times(c: Cluster) -> list[dict[str, Any]]:
     balance_band of their mean for good (until the next event or the end), the streak at least
     balance_hold_s long; None if it never did."""
     rounds: dict[float, dict[str, float]] = {}
+    smooth = c.p.balance_smooth_s
     for b, series in c.load_series.items():
-        for t, u in series:
-            rounds.setdefault(t, {})[b] = u
+        lo, acc = 0, 0.0
+        for i, (t, u) in enumerate(series):
+            acc += u
+            while series[lo][0] <= t - smooth and lo < i:
+                acc -= series[lo][1]
+                lo += 1
+            rounds.setdefault(t, {})[b] = acc / (i - lo + 1) if smooth > 0 else u
     times = sorted(rounds)
     ev = sorted((e.at_s, e.kind) for e in c.sc.events if e.kind in ("leave", "join"))
     out = []

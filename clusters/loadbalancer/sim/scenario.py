@@ -323,7 +323,8 @@ _add(Scenario(
               "loadBalancerBundleUnloadMinThroughputThreshold": 0, "lowerBoundarySheddingEnabled": True,
               "loadBalancerDistributeBundlesEvenlyEnabled": False,
               "loadBalancerLoadPlacementStrategy": "LeastResourceUsageWithWeight"},
-    params={"nic_mbytes": 0.00875},
+    params={"nic_mbytes": 0.00875, "report_noise": 0.35, "graceful_unload_ms": 3000,
+            "balance_smooth_s": 15},
     events=(Event(at_s=60, kind="leave", count=3), Event(at_s=180, kind="join", count=3)),
     seed={"modular": "6 -> 3: 14-91 s, 3 -> 6: 14-125 s, 47-60 unloads (our real cluster, bench/README.md)",
           "ours": "settling time after each scale event (15 s band), unloads"}))
