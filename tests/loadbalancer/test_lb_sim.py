@@ -328,3 +328,13 @@ def test_cli_sweep_tabulates_one_run_per_value_and_writes_json_and_html(capsys, 
     page = (tmp_path / "index.html").read_text()
     assert "<svg" in page and "http" not in page.replace("http://www.w3.org/2000/svg", "")
     assert (tmp_path / "modular-loadBalancerReportUpdateMinIntervalMillis=1000" / "journals" / "lb-events.jsonl").exists()
+
+
+def test_serve_lists_simulations_beside_runs(capsys, tmp_path):
+    from harness import serve
+    rc, _, _ = _cli(["lb-sim", "tiny", "--quiet", "--out", str(tmp_path / "sims" / "tiny-1")], capsys)
+    assert rc == 0
+    page = serve.index_page(tmp_path)
+    assert "<h2>Simulations</h2>" in page and "sims/tiny-1/index.html" in page
+    assert "modular: " in page and "extensible: " in page
+    assert serve.find_simulations(tmp_path / "sims" / "tiny-1" / "modular") == []

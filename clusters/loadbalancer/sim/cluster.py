@@ -136,6 +136,7 @@ class Cluster:
         self.counts = {"unloads": 0, "splits": 0, "assignments": 0, "lookups": 0, "topic_loads": 0}
         self.marks: list[tuple[float, str, str]] = []                     # (s, kind, detail) for the plots
         self.first_event_ms: int | None = None
+        self.restarts_done_ms: int | None = None          # the last restarted broker back
         self.wall_start = time.monotonic()
 
     # ------------------------------------------------------------------------------------- topology
@@ -375,6 +376,7 @@ class Cluster:
 
     def _restarted(self, broker: str) -> None:
         self.start_broker(broker)
+        self.restarts_done_ms = self.sim.now_ms
 
     # ------------------------------------------------------------------------------------- scenario
     def schedule_scenario(self) -> None:

@@ -114,10 +114,15 @@ def p9999_ms(c: Cluster, q: float = 0.9999) -> float | None:
 def outcomes(c: Cluster, wall_s: float) -> dict[str, Any]:
     t0 = (c.first_event_ms or 0) / 1000
     reconnect = None
-    if c.first_event_ms is not None and c.connected_pubs >= c.total_pubs:
-        # the last reconnection of a publisher that lost its broker after the first event
-        ends = [b for a, b, _ in c.gaps if a >= c.first_event_ms]
-        reconnect = round((max(ends) - c.first_event_ms) / 1000, 1) if ends else 0.0
+    if c.first_event_ms is not None:
+        # the last reconnection of a publisher that lost its broker between the first event and the last
+        # restarted broker's return (later unloads by the shedder are not the storm's)
+        until = c.restarts_done_ms if c.restarts_done_ms is not None else c.sc.duration_s * 1000
+        ends = [b for a, b, _ in c.gaps if c.first_event_ms <= a <= until]
+        still = [t for t in range(len(c.t_name)) if c.t_broker[t] is None and c.t_pubs[t] > 0
+                 and c.first_event_ms <= c.t_since[t] <= until]
+        if not still:
+            reconnect = round((max(ends) - c.first_event_ms) / 1000, 1) if ends else 0.0
     live = c.live()
     topics = [c.brokers[b].topics for b in live]
     split_times = [t for t, k, _ in c.marks if k == "split"]

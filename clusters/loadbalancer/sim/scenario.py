@@ -297,7 +297,7 @@ _add(Scenario(
 _add(Scenario(
     name="scale-in-out", metric="balance",
     description="10,000 topics on 100 bundles: 10 -> 5 brokers, then 5 -> 10",
-    brokers=10, namespaces=1, bundles=100, topics=10_000, publishers=10_000, msg_rate=50_000,
+    brokers=10, namespaces=1, bundles=100, topics=10_000, publishers=10_000, msg_rate=300_000,
     msg_size=1024, skew=0.0, duration_s=1500,
     events=(Event(at_s=60, kind="leave", fraction=0.5), Event(at_s=780, kind="join", fraction=0.5)),
     seed={"modular": "5 min (10 -> 5), 7 min (5 -> 10)", "extensible": "3 min (10 -> 5), 5 min (5 -> 10)",
@@ -305,7 +305,7 @@ _add(Scenario(
 _add(Scenario(
     name="hot-spot-split", metric="split",
     description="10,000 topics with hot spots on 10 brokers: 1 bundle split up to 128, then balanced",
-    brokers=10, namespaces=1, bundles=1, topics=10_000, publishers=10_000, msg_rate=50_000, skew=0.8,
+    brokers=10, namespaces=1, bundles=1, topics=10_000, publishers=10_000, msg_rate=300_000, skew=0.8,
     msg_size=1024, duration_s=1800,
     settings={"loadBalancerNamespaceBundleMaxTopics": 50, "loadBalancerBrokerLoadTargetStd": 0.1},
     seed={"modular": "15 min", "extensible": "13 min",
