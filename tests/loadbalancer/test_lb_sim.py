@@ -338,3 +338,25 @@ def test_serve_lists_simulations_beside_runs(capsys, tmp_path):
     assert "<h2>Simulations</h2>" in page and "sims/tiny-1/index.html" in page
     assert "modular: " in page and "extensible: " in page
     assert serve.find_simulations(tmp_path / "sims" / "tiny-1" / "modular") == []
+
+
+def test_channel_view_order_follows_every_key_change():
+    """ChannelView keeps its sorted keys until a key comes or goes: items() and iteration stay sorted
+    through assignments, updates, tombstones and rejected messages."""
+    from clusters.loadbalancer.extensible.state import S, ChannelView, ServiceUnitStateData
+    rng = random.Random(5)
+    v = ChannelView()
+    for i in range(400):
+        key = f"t/ns/0x{rng.randrange(40):08x}_0x{rng.randrange(40, 80):08x}"
+        cur = v.get(key)
+        r = rng.random()
+        if r < 0.2:
+            v.apply(key, None)
+        elif cur is None:
+            v.apply(key, ServiceUnitStateData(S.Owned, "b1", None, None, False, i, 1))
+        else:
+            v.apply(key, ServiceUnitStateData(S.Releasing, None, cur.dstBroker, None, False, i, cur.versionId + 1)
+                    if cur.state == S.Owned else ServiceUnitStateData(S.Owned, "b2", None, None, True, i,
+                                                                     cur.versionId + 1))
+        assert v.items() == sorted(v.data.items())
+        assert list(v) == sorted(v.data)
