@@ -332,8 +332,8 @@ class ChannelView:
         return len(self.data)
 
     def items(self) -> list[tuple[str, ServiceUnitStateData]]:
-        data = self.data
-        return [(k, data[k]) for k in self._sorted_keys()]
+        keys = self._sorted_keys()
+        return list(zip(keys, map(self.data.__getitem__, keys)))
 
     def owned_by(self, broker: str) -> list[str]:
         return [k for k, d in self.items() if d.state == S.Owned and d.dstBroker == broker]

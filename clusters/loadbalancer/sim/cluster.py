@@ -21,7 +21,6 @@ Model, in short (each number a parameter of params.py):
 from __future__ import annotations
 
 import bisect
-import math
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -84,6 +83,7 @@ class Cluster:
             name = f"broker-{i + 1}"
             self.brokers[f"{name}:8080"] = Broker(f"{name}:8080", name)
         self.order = list(self.brokers)
+        self._live: list[str] | None = None
         # namespaces and bundles
         self.ns_names = [f"sim/ns-{i}" for i in range(scenario.namespaces)]
         per = [scenario.bundles // scenario.namespaces + (1 if i < scenario.bundles % scenario.namespaces else 0)
@@ -146,7 +146,10 @@ class Cluster:
         return bundle_name(ns, lows[i], self.uppers[ns][i])
 
     def live(self) -> list[str]:
-        return [b for b in self.order if self.brokers[b].up and self.brokers[b].registered]
+        """The registered brokers, in order (kept until a broker starts or stops; do not modify)."""
+        if self._live is None:
+            self._live = [b for b in self.order if self.brokers[b].up and self.brokers[b].registered]
+        return self._live
 
     def ns_bundle_count(self, ns: str) -> int:
         return len(self.bounds[ns])
@@ -349,12 +352,14 @@ class Cluster:
             return
         br.up = True
         br.dirty = True
+        self._live = None
         self.sim.after(self.p.metadata_write_ms, self._registered, broker, br.epoch)
 
     def _registered(self, broker: str, epoch: int) -> None:
         br = self.brokers[broker]
         if br.up and br.epoch == epoch:
             br.registered = True
+            self._live = None
             self.broker_started(broker)
 
     def stop_broker(self, broker: str, then_restart: bool = False) -> None:
@@ -368,6 +373,7 @@ class Cluster:
                 self.close_bundle(name, broker)
             br.up = False
             br.registered = False
+            self._live = None
             br.epoch += 1
             self.broker_stopped(broker)
             if then_restart:

@@ -7,8 +7,6 @@ from __future__ import annotations
 import html
 import json
 import resource
-import statistics
-import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -297,11 +295,3 @@ def write(out: Path, sc: Scenario, results: list[dict[str, Any]], plots: dict[st
         with open(d / "lb-events.jsonl", "w") as f:
             for op in ops:
                 f.write(json.dumps(op.to_json(), default=str) + "\n")
-
-
-def median(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None
-
-
-def wall() -> float:
-    return time.monotonic()
