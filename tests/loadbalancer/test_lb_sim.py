@@ -295,6 +295,12 @@ def _cli(argv, capsys):
     return rc, out.out, out.err
 
 
+def test_cli_shows_progress_in_simulated_and_wall_time(capsys):
+    rc, out, err = _cli(["lb-sim", "tiny", "--load-manager", "extensible"], capsys)
+    assert rc == 0 and "simulated 120/120 s, wall " in err and "40/40 publishers connected" in err
+    assert out.startswith("tiny  extensible: ")
+
+
 def test_cli_lists_one_scenario_a_line_the_seeds_first(capsys):
     rc, out, _ = _cli(["lb-sim", "--list"], capsys)
     assert rc == 0

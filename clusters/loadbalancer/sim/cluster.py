@@ -475,7 +475,7 @@ class Cluster:
         while t < end:
             t = min(end, t + chunk)
             self.sim.run(t)
-            if self.progress and time.monotonic() - last > 2:
+            if self.progress and (time.monotonic() - last > 2 or t >= end):
                 last = time.monotonic()
                 self.progress(f"{self.load_manager}: simulated {t / 1000:.0f}/{end / 1000:.0f} s, "
                               f"wall {time.monotonic() - self.wall_start:.0f} s, {self.sim.events_run} events, "
