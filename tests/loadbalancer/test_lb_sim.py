@@ -366,3 +366,42 @@ def test_channel_view_order_follows_every_key_change():
                                                                      cur.versionId + 1))
         assert v.items() == sorted(v.data.items())
         assert list(v) == sorted(v.data)
+
+
+SMALL = {"reconnect-storm": dict(brokers=10, bundles=60, topics=100, publishers=100),
+         "restart-latency": dict(brokers=5, bundles=20, topics=100, publishers=100),
+         "scale-in-out": dict(brokers=6, bundles=20, topics=120, publishers=120),
+         "hot-spot-split": dict(brokers=4, bundles=1, topics=300, publishers=300)}
+
+
+@pytest.mark.parametrize("lm", ["modular", "extensible"])
+@pytest.mark.parametrize("name", list(SMALL))
+def test_the_seeds_scenarios_keep_their_invariants_at_a_small_scale(name, lm):
+    sc = scenario.BUILTIN[name].scaled(**SMALL[name])
+    c = run.simulate(sc, lm)
+    o = run.outcomes(c, 0)
+    # every publisher is back, each topic on its bundle's live owner, no bundle owned twice
+    assert o["publishers_connected_end"] == o["publishers"]
+    for t in range(len(c.t_name)):
+        b = c.bundles[c.t_bundle[t]]
+        assert c.t_broker[t] == b.owner and c.brokers[b.owner].up
+    seen: set[str] = set()
+    for br in c.brokers.values():
+        assert not (br.bundles & seen)
+        seen |= br.bundles
+    # each namespace's bundles still partition the hash range
+    for ns, lows in c.bounds.items():
+        ups = c.uppers[ns]
+        assert lows[0] == 0 and ups[-1] == 0xFFFFFFFF and lows[1:] == ups[:-1]
+    if lm == "extensible":
+        for bname, b in c.bundles.items():
+            assert b.owner is None or c.view.is_owner(bname, b.owner)
+    # the scenario's own figure exists
+    if sc.metric == "reconnect":
+        assert o["reconnect_s"] is not None and o["reconnect_s"] > 0
+    elif sc.metric == "p9999":
+        assert o["p9999_ms"] is not None and o["p9999_ms"] > c.p.publish_ms
+    elif sc.metric == "balance":
+        assert [e["event"] for e in o["settle"]] == ["leave", "join"] and len(c.live()) == sc.brokers
+    else:
+        assert o["splits"] > 0 and len(c.bundles) > 1
