@@ -405,3 +405,21 @@ def test_the_seeds_scenarios_keep_their_invariants_at_a_small_scale(name, lm):
         assert [e["event"] for e in o["settle"]] == ["leave", "join"] and len(c.live()) == sc.brokers
     else:
         assert o["splits"] > 0 and len(c.bundles) > 1
+
+
+def test_a_brokers_own_capacity_changes_its_load_and_is_checked(tmp_path):
+    f = tmp_path / "cap.toml"
+    f.write_text('name = "cap"\nbrokers = 2\nbundles = 8\ntopics = 40\npublishers = 40\nmsg_rate = 4000\n'
+                 'duration_s = 30\n[params]\nnic_mbytes = 10\n[capacity.broker-2]\nnic_mbytes = 40\n')
+    sc = scenario.load(f)
+    c = run.simulate(sc, "modular")
+    b1, b2 = (c.brokers[b] for b in c.order)
+    u1 = c.usage(b1)["bandwidthIn"]
+    u2 = c.usage(b2)["bandwidthIn"]
+    assert u1.limit * 4 == u2.limit
+    f.write_text('name = "cap"\nbrokers = 2\n[capacity.broker-3]\nnic_mbytes = 40\n')
+    with pytest.raises(scenario.ScenarioError, match="capacity.broker-3"):
+        scenario.load(f)
+    f.write_text('name = "cap"\nbrokers = 2\n[capacity.broker-1]\ndisk = 40\n')
+    with pytest.raises(scenario.ScenarioError, match="capacity.broker-1.disk"):
+        scenario.load(f)

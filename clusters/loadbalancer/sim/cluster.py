@@ -205,13 +205,14 @@ class Cluster:
         """The broker's resource usage from its connected topics (Pulsar's units: CPU percent of
         100 x cores, bandwidth KB/s, memory MB)."""
         p = self.p
-        cores = max(1, p.cpu_cores)
+        cap = self.sc.capacity.get(br.name, {})
+        cores = max(1.0, cap.get("cpu_cores", p.cpu_cores))
         noise = [1.0, 1.0, 1.0]
         if p.report_noise > 0:
             noise = [max(0.0, 1 + self.rng.gauss(0, p.report_noise)) for _ in range(3)]
             br.dirty = True              # the next report is a new sample
         cpu = p.base_cpu_percent * cores + (br.rate_in + br.rate_out) * p.cpu_per_msg_us / 1e6 * 100 * noise[0]
-        nic_kb = p.nic_mbytes * 1024
+        nic_kb = cap.get("nic_mbytes", p.nic_mbytes) * 1024
         return {"cpu": ResourceUsage(cpu, 100.0 * cores),
                 "memory": ResourceUsage(1024.0, 8192.0),
                 "directMemory": ResourceUsage(256.0, 4096.0),

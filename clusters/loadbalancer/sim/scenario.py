@@ -24,6 +24,9 @@ A scenario file is TOML:
     at_s = 60
     kind = "leave"
     count = 3                   # or fraction = 0.5; restart also takes count = "all"
+    [capacity.broker-1]         # one broker's own capacity (default: params' nic_mbytes and cpu_cores)
+    nic_mbytes = 250
+    cpu_cores = 16
     [seed]                      # the seed's figures, printed beside ours
     modular = "5 min"
     extensible = "3 min"
@@ -47,6 +50,7 @@ from clusters.loadbalancer.settings import LoadBalancerSettings
 from clusters.loadbalancer.sim.params import SimParams
 
 METRICS = ("reconnect", "p9999", "balance", "split")
+CAPACITY_KEYS = ("nic_mbytes", "cpu_cores")
 EVENT_KINDS = ("restart", "leave", "join", "hotspot", "rate")
 
 
@@ -98,6 +102,7 @@ class Scenario:
     params: dict[str, Any] = field(default_factory=dict)
     events: tuple[Event, ...] = ()
     seed: dict[str, str] = field(default_factory=dict)
+    capacity: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def up_at_start(self) -> int:
@@ -213,6 +218,21 @@ def from_mapping(raw: Mapping[str, Any], origin: str = "scenario") -> Scenario:
             kw[k] = _num(k, raw[k], float)
     if "metric" in raw:
         kw["metric"] = raw["metric"]
+    if "capacity" in raw:
+        cap = raw["capacity"]
+        if not isinstance(cap, dict) or not all(isinstance(v, dict) for v in cap.values()):
+            raise ScenarioError("capacity", "is not a table of brokers", "write [capacity.broker-1] with "
+                                                                         "nic_mbytes and/or cpu_cores")
+        out: dict[str, dict[str, float]] = {}
+        for b, v in cap.items():
+            for k, x in v.items():
+                if k not in CAPACITY_KEYS:
+                    raise ScenarioError(f"capacity.{b}.{k}", "is not a broker capacity",
+                                        f"use {' or '.join(CAPACITY_KEYS)}")
+                if _num(f"capacity.{b}.{k}", x, float) <= 0:
+                    raise ScenarioError(f"capacity.{b}.{k}", f"must be positive, got {x}", "give a positive number")
+            out[b] = {k: float(x) for k, x in v.items()}
+        kw["capacity"] = out
     for k in ("settings", "params", "seed"):
         if k in raw:
             if not isinstance(raw[k], dict):
@@ -241,6 +261,10 @@ def validate(s: Scenario) -> None:
                             "give every namespace at least one bundle (bundles >= namespaces)")
     if s.duration_s <= 0:
         raise ScenarioError("duration_s", "must be positive", "set duration_s to the simulated seconds to run")
+    for b in s.capacity:
+        if b not in {f"broker-{i + 1}" for i in range(s.brokers)}:
+            raise ScenarioError(f"capacity.{b}", f"no such broker (there are broker-1..broker-{s.brokers})",
+                                "name a broker as broker-N")
     if s.metric not in METRICS:
         raise ScenarioError("metric", f"unknown metric {s.metric!r}", f"use one of {', '.join(METRICS)}")
     for i, e in enumerate(s.events):
