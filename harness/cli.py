@@ -657,6 +657,39 @@ def _lin(args: argparse.Namespace) -> int:
     return 0 if r.valid is True else 1 if r.valid is False else 2
 
 
+# ------------------------------------------------------------------------------------ lb-sim
+
+def _lb_sim_args(p: argparse.ArgumentParser) -> None:
+    _strict_usage(p)
+    p.add_argument("scenario", nargs="?", default=None,
+                   help="a scenario name (`--list`) or a scenario file (TOML; clusters/loadbalancer/sim/scenario.py)")
+    p.add_argument("--list", action="store_true", help="list the built-in scenarios, one a line, name first")
+    p.add_argument("--load-manager", choices=("modular", "extensible", "both"), default="both",
+                   help="which load manager's code to simulate (default both)")
+    p.add_argument("--brokers", type=int, default=None, metavar="N", help="brokers (default: the scenario's)")
+    p.add_argument("--bundles", type=int, default=None, metavar="N", help="initial bundles (default: the scenario's)")
+    p.add_argument("--topics", type=int, default=None, metavar="N", help="topics (default: the scenario's)")
+    p.add_argument("--publishers", type=int, default=None, metavar="N", help="publishers (default: the scenario's)")
+    p.add_argument("--lb-setting", action="append", default=None, metavar="NAME=VALUE",
+                   help="a load-balancer setting (repeatable); NAME=v1,v2,... runs once per value and tabulates")
+    p.add_argument("--seed", type=int, default=1, metavar="N", help="random seed (default 1)")
+    p.add_argument("--out", default=None, metavar="DIR", help="write lb-sim.json, index.html and the histories here")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+@command("lb-sim", "simulate the load balancer (the brokers' own load-manager code) at any scale in simulated time",
+         _lb_sim_args)
+def _lb_sim(args: argparse.Namespace) -> int:
+    from clusters.loadbalancer.sim.scenario import ScenarioError
+    from harness import lb_sim
+    try:
+        return lb_sim.main(args)
+    except ScenarioError as e:
+        raise UserError(f"scenario {e.where}: {e.problem}", e.fix) from None
+    except lb_sim.LbSimError as e:
+        raise UserError(e.message, e.fix) from None
+
+
 # ------------------------------------------------------------------------------------ bugs
 
 def _bugs_args(p: argparse.ArgumentParser) -> None:

@@ -120,6 +120,42 @@ def find_campaigns(root: Path) -> list[dict[str, Any]]:
     return out
 
 
+def find_simulations(root: Path) -> list[dict[str, Any]]:
+    """Every `pulsar-chaos lb-sim --out DIR` under root (a folder holding lb-sim.json): its scenario and,
+    per run, the load manager, the setting swept and the headline figure beside the seed's."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        depth = len(Path(dirpath).relative_to(root).parts)
+        if "lb-sim.json" in filenames:
+            d = Path(dirpath)
+            data = _read_json(d / "lb-sim.json") or {}
+            sc = data.get("scenario") or {}
+            runs = [f"{r.get('load_manager')}{' ' + r['sweep'] if r.get('sweep') else ''}: {r.get('headline')}"
+                    for r in data.get("results") or [] if isinstance(r, dict)]
+            out.append({"path": d.relative_to(root).as_posix(), "scenario": sc.get("name", "?"),
+                        "size": f"{sc.get('brokers')} brokers, {sc.get('bundles')} bundles, {sc.get('topics')} topics",
+                        "runs": runs, "seed": sc.get("seed") or {}, "page": (d / "index.html").is_file()})
+            dirnames[:] = []
+            continue
+        dirnames[:] = [n for n in dirnames if depth < MAX_DEPTH and n not in (store.NODES, store.JOURNALS, store.LOGS)
+                       and not (Path(dirpath) / n).is_symlink()]
+    return sorted(out, key=lambda x: x["path"])
+
+
+def simulations_table(sims: list[dict[str, Any]]) -> str:
+    if not sims:
+        return '<p class="muted">none (<code>pulsar-chaos lb-sim SCENARIO --out DIR</code> under this folder)</p>'
+    rows = []
+    for x in sims:
+        link = (f'<a href="/files/{_e(x["path"])}/index.html">page</a> ' if x["page"] else "")
+        seed = "; ".join(f"{k}: {v}" for k, v in x["seed"].items() if k in ("modular", "extensible"))
+        rows.append(f"<tr><td>{_e(x['path'])}</td><td>{_e(x['scenario'])}</td><td>{_e(x['size'])}</td>"
+                    f"<td>{'<br>'.join(_e(r) for r in x['runs'])}</td><td>{_e(seed)}</td>"
+                    f"<td>{link}<a href=\"/files/{_e(x['path'])}/lb-sim.json\">json</a></td></tr>")
+    return ("<table id='simulations'><thead><tr><th>folder</th><th>scenario</th><th>size</th><th>ours</th>"
+            "<th>the seed's</th><th>files</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+
+
 # ------------------------------------------------------------------------------------ pages
 
 CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:20px;color:#1a1a1a}h1{margin:0 0 4px}
@@ -222,6 +258,7 @@ def index_page(root: Path) -> str:
             f"<style>{CSS}</style></head><body><h1>pulsar-chaos results</h1>"
             f'<p class="muted">{_e(root.resolve())} &middot; {len(rows)} runs, {len(camps)} campaigns</p>'
             f"<h2>Verdicts by night</h2>{trend_svg(rows)}<h2>Campaigns</h2>{ctab}"
+            f"<h2>Simulations</h2>{simulations_table(find_simulations(root))}"
             f'<h2>Runs</h2><p><input id="filter" type="search" placeholder="filter: words that every row shown '
             f'must contain (e.g. invalid queue)" autofocus> <span class="muted"><span id="shown">{len(rows)}'
             f"</span> of {len(rows)} shown; click a heading to sort</span></p>"

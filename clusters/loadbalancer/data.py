@@ -18,6 +18,7 @@ as Pulsar's do.
 """
 from __future__ import annotations
 
+import functools
 import re
 import struct
 from dataclasses import dataclass, field
@@ -36,6 +37,14 @@ MIBI = 1024 * 1024
 def _f32(x: float) -> float:
     """`x` rounded to a Java float."""
     return struct.unpack("f", struct.pack("f", x))[0]
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _percent(usage: float, limit: float) -> float:
+    """ResourceUsage.percentUsage in Java floats (a pure function of its two numbers: cached, since
+    placement asks it of every broker for every bundle)."""
+    proportion = _f32(_f32(usage) / _f32(limit)) if limit > 0 else 0.0
+    return _f32(proportion * 100)
 
 
 def namespace_of(bundle: str) -> str:
@@ -68,8 +77,7 @@ class ResourceUsage:
 
     def percent_usage(self) -> float:
         """100 * usage / limit in Java floats; 0 when there is no limit."""
-        proportion = _f32(_f32(self.usage) / _f32(self.limit)) if self.limit > 0 else 0.0
-        return _f32(proportion * 100)
+        return _percent(self.usage, self.limit)
 
     def to_json(self) -> dict[str, float]:
         return {"usage": self.usage, "limit": self.limit}
@@ -366,18 +374,32 @@ class TimeAverageBrokerData:
         """Recompute the sums over `bundles`; one without data counts as `default` (the 50 msg/s,
         50000 B/s defaults) in both terms."""
         default = default or default_bundle_stats()
-        for k in _TA_FIELDS:
-            setattr(self, k, 0.0)
+        # each sum in local variables, added in the bundles' order (the same floats as field by field)
+        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
         for b in bundles:
             bd = data.get(b)
             if bd is not None:
                 s, l = bd.shortTermData, bd.longTermData
-                vals = (s.msgThroughputIn, s.msgThroughputOut, s.msgRateIn, s.msgRateOut,
-                        l.msgThroughputIn, l.msgThroughputOut, l.msgRateIn, l.msgRateOut)
+                a0 += s.msgThroughputIn
+                a1 += s.msgThroughputOut
+                a2 += s.msgRateIn
+                a3 += s.msgRateOut
+                a4 += l.msgThroughputIn
+                a5 += l.msgThroughputOut
+                a6 += l.msgRateIn
+                a7 += l.msgRateOut
             else:
-                vals = (default.msgThroughputIn, default.msgThroughputOut, default.msgRateIn, default.msgRateOut) * 2
-            for k, v in zip(_TA_FIELDS, vals):
-                setattr(self, k, getattr(self, k) + v)
+                a0 += default.msgThroughputIn
+                a1 += default.msgThroughputOut
+                a2 += default.msgRateIn
+                a3 += default.msgRateOut
+                a4 += default.msgThroughputIn
+                a5 += default.msgThroughputOut
+                a6 += default.msgRateIn
+                a7 += default.msgRateOut
+        (self.shortTermMsgThroughputIn, self.shortTermMsgThroughputOut, self.shortTermMsgRateIn,
+         self.shortTermMsgRateOut, self.longTermMsgThroughputIn, self.longTermMsgThroughputOut,
+         self.longTermMsgRateIn, self.longTermMsgRateOut) = (a0, a1, a2, a3, a4, a5, a6, a7)
 
     def to_json(self) -> dict[str, float]:
         return dict(self.__dict__)
@@ -390,12 +412,70 @@ class TimeAverageBrokerData:
 # ---------------------------------------------------------------------------------------------------
 # the leader's view
 
+class PreallocatedBundles(dict):
+    """bundle -> BundleData preallocated to one broker; keeps the sums placement asks of it on every
+    placement (the long-term msg rate in+out, the topics) until the next change of its entries. A
+    preallocated BundleData is not updated in place while preallocated (update_bundle_data drops the
+    preallocations of the bundles it updates, and forgets these sums first)."""
+    __slots__ = ("_sums",)
+
+    def __init__(self, *a: Any, **kw: Any):
+        super().__init__(*a, **kw)
+        self._sums: tuple[float, int] | None = None
+
+    def forget(self) -> None:
+        self._sums = None
+
+    def __setitem__(self, k: str, v: "BundleData") -> None:
+        self._sums = None
+        super().__setitem__(k, v)
+
+    def __delitem__(self, k: str) -> None:
+        self._sums = None
+        super().__delitem__(k)
+
+    def pop(self, *a: Any) -> Any:
+        self._sums = None
+        return super().pop(*a)
+
+    def popitem(self) -> Any:
+        self._sums = None
+        return super().popitem()
+
+    def clear(self) -> None:
+        self._sums = None
+        super().clear()
+
+    def update(self, *a: Any, **kw: Any) -> None:
+        self._sums = None
+        super().update(*a, **kw)
+
+    def setdefault(self, k: str, d: Any = None) -> Any:
+        self._sums = None
+        return super().setdefault(k, d)
+
+    def sums(self) -> tuple[float, int]:
+        """(sum of long-term msgRateIn + msgRateOut, sum of topics), in the entries' order."""
+        if self._sums is None:
+            self._sums = (sum(d.longTermData.msgRateIn + d.longTermData.msgRateOut for d in self.values()),
+                          sum(d.topics for d in self.values()))
+        return self._sums
+
+
+def preallocated_sums(preallocated: Mapping[str, "BundleData"]) -> tuple[float, int]:
+    """(long-term msg rate in+out, topics) summed over a broker's preallocated bundles."""
+    if isinstance(preallocated, PreallocatedBundles):
+        return preallocated.sums()
+    return (sum(d.longTermData.msgRateIn + d.longTermData.msgRateOut for d in preallocated.values()),
+            sum(d.topics for d in preallocated.values()))
+
+
 @dataclass
 class BrokerData:
     local: LocalBrokerData
     time_average: TimeAverageBrokerData = field(default_factory=TimeAverageBrokerData)
     # bundles assigned to this broker that its reports do not show yet
-    preallocated_bundle_data: dict[str, BundleData] = field(default_factory=dict)
+    preallocated_bundle_data: dict[str, BundleData] = field(default_factory=PreallocatedBundles)
 
 
 @dataclass
@@ -447,6 +527,9 @@ class LoadData:
         broker's time-average sums. Bundles no broker reports are dropped from `bundles` (the leader
         then deletes their bundle-data znode); returns those."""
         reported: set[str] = set()
+        for bd in self.brokers.values():
+            if isinstance(bd.preallocated_bundle_data, PreallocatedBundles):
+                bd.preallocated_bundle_data.forget()
         for bd in self.brokers.values():
             for bundle, stats in bd.local.lastStats.items():
                 reported.add(bundle)

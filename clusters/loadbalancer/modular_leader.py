@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from clusters.loadbalancer.data import LoadData, LocalBrokerData
+from clusters.loadbalancer.data import LoadData, LocalBrokerData, namespace_of
 from clusters.loadbalancer.placement import PlacementDecision, make_placement_strategy, select_broker
 from clusters.loadbalancer.settings import LoadBalancerSettings
 from clusters.loadbalancer.shedding import (ShedDecision, make_shedding_strategy, placement_destination,
@@ -62,6 +62,10 @@ class ModularLeader:
         self.recently_unloaded: dict[str, int] = {}   # bundle -> ms (the grace period)
         self.shedder: Any = None                  # the shedding strategy (keeps its state)
         self.placement: Any = None                # the placement strategy (keeps its state)
+        # namespace -> broker -> its bundles of that namespace (reports + preallocations): what
+        # LoadData.namespace_bundle_counts answers, kept between refreshes so that a placement does not
+        # scan every bundle of the cluster
+        self._ns_counts: dict[str, dict[str, int]] | None = None
 
     def forget(self) -> None:
         """A new term as leader: the load data and the shedder's memory start afresh (Pulsar's LoadData of
@@ -76,6 +80,9 @@ class ModularLeader:
         out = Refresh()
         reports: dict[str, Any] = {}
         for b, doc in registrations.items():
+            if isinstance(doc, LocalBrokerData):
+                reports[b] = doc          # a simulator hands the report as an object (no JSON round trip)
+                continue
             try:
                 reports[b] = LocalBrokerData.from_json(doc)
             except Exception:  # noqa: BLE001 - a malformed report: the broker counts as without one
@@ -86,6 +93,7 @@ class ModularLeader:
         self.registrations = {b: d for b, d in registrations.items() if reports.get(b) is not None}
         out.brokers = sorted(self.registrations)
         kept = dict(self.load_data.preallocated_bundle_to_broker) if self.keep_preallocations else {}
+        self._ns_counts = None
         out.gone = self.load_data.update_all_broker_data(reports)
         self.load_data.update_bundle_data()
         if kept:
@@ -110,8 +118,25 @@ class ModularLeader:
         if dest in self.registrations:
             return Assign(dest, "affinity")
         decision = select_broker(bundle, sorted(self.registrations), self.load_data, self.settings, self.rng,
-                                 strategy=self.placement_strategy())
+                                 self.namespace_counts(namespace_of(bundle)), strategy=self.placement_strategy())
+        if decision.broker is not None and decision.reason in ("selected", "overload-fallback"):
+            # select_broker preallocated it: one more bundle of the namespace on that broker, unless its
+            # report already showed it
+            if bundle not in self.load_data.brokers[decision.broker].local.lastStats:
+                counts = self.namespace_counts(namespace_of(bundle))
+                counts[decision.broker] = counts.get(decision.broker, 0) + 1
         return Assign(decision.broker, "preallocated" if decision.reason == "preallocated" else "lookup", decision)
+
+    def namespace_counts(self, namespace: str) -> dict[str, int]:
+        """LoadData.namespace_bundle_counts(namespace), from an index built once per refresh."""
+        if self._ns_counts is None:
+            index: dict[str, dict[str, int]] = {}
+            for broker, bd in self.load_data.brokers.items():
+                for name in set(bd.local.lastStats) | set(bd.preallocated_bundle_data):
+                    per = index.setdefault(namespace_of(name), {})
+                    per[broker] = per.get(broker, 0) + 1
+            self._ns_counts = index
+        return self._ns_counts.setdefault(namespace, {})
 
     # -- shedding ---------------------------------------------------------------------------------
     def shed(self, now_ms: int) -> ShedDecision:
@@ -119,7 +144,8 @@ class ModularLeader:
         current owner, unless the bug knob), none twice within the grace period (`recently_unloaded`)."""
         if self.shedder is None:
             self.shedder = make_shedding_strategy(self.settings)
-        select = placement_destination(self.load_data, self.settings, self.rng, strategy=self.placement_strategy())
+        select = placement_destination(self.load_data, self.settings, self.rng, strategy=self.placement_strategy(),
+                                       counts=self.namespace_counts)
         return plan_shedding(self.load_data, self.shedder, self.recently_unloaded, now_ms, self.settings,
                              select, skip_current_owner=not self.shed_to_owner)
 
@@ -135,7 +161,7 @@ class ModularLeader:
         counts: dict[str, int] = {}
         owners: dict[str, str] = {}
         for broker, reg in self.registrations.items():
-            for name in reg.get("bundles") or []:
+            for name in (reg.bundles if isinstance(reg, LocalBrokerData) else reg.get("bundles") or []):
                 ns = name.rsplit("/", 1)[0]
                 counts[ns] = counts.get(ns, 0) + 1
                 owners[name] = broker

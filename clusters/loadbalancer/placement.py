@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from clusters.loadbalancer.data import (BrokerData, BundleData, LoadData, LocalBrokerData, is_system_service_namespace,
-                                        namespace_of)
+                                        namespace_of, preallocated_sums)
 from clusters.loadbalancer.settings import LoadBalancerSettings
 
 
@@ -68,8 +68,7 @@ class LeastLongTermMessageRate:
     def score(self, broker: BrokerData, settings: LoadBalancerSettings) -> float:
         if placement_usage(broker.local, settings) > settings.loadBalancerBrokerOverloadedThresholdPercentage / 100.0:
             return float("inf")
-        pre = sum(d.longTermData.msgRateIn + d.longTermData.msgRateOut
-                  for d in broker.preallocated_bundle_data.values())
+        pre = preallocated_sums(broker.preallocated_bundle_data)[0]
         ta = broker.time_average
         return pre + ta.longTermMsgRateIn + ta.longTermMsgRateOut
 
@@ -203,7 +202,7 @@ def _filter_large_topic_count(cands: list[str], load_data: LoadData, max_topics:
     kept = []
     for b in cands:
         bd = load_data.brokers[b]
-        total = bd.local.numTopics + sum(d.topics for d in bd.preallocated_bundle_data.values())
+        total = bd.local.numTopics + preallocated_sums(bd.preallocated_bundle_data)[1]
         if total <= max_topics:
             kept.append(b)
     return kept or list(cands)

@@ -23,9 +23,9 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, MutableMapping
+from typing import Any, Callable, Iterable, Mapping, MutableMapping
 
-from clusters.loadbalancer.data import MIBI, LoadData
+from clusters.loadbalancer.data import MIBI, LoadData, namespace_of
 from clusters.loadbalancer.placement import (LeastLongTermMessageRate, LeastResourceUsageWithWeight,
                                              PlacementDecision, select_broker)
 from clusters.loadbalancer.settings import LoadBalancerSettings
@@ -307,14 +307,19 @@ class ShedDecision:
 
 def placement_destination(load_data: LoadData, settings: LoadBalancerSettings, rng: random.Random,
                           candidates: Callable[[str], Iterable[str]] | None = None,
-                          strategy: LeastLongTermMessageRate | LeastResourceUsageWithWeight | None = None
+                          strategy: LeastLongTermMessageRate | LeastResourceUsageWithWeight | None = None,
+                          counts: Callable[[str], Mapping[str, int]] | None = None
                           ) -> Callable[[str], PlacementDecision]:
     """A `select_destination` for plan_shedding that asks the placement as Pulsar's doLoadShedding
     does (selectBroker: the whole pipeline, without preallocating). `candidates(bundle)` gives
-    the brokers allowed for the bundle (default: every broker with load data)."""
+    the brokers allowed for the bundle (default: every broker with load data). `counts(namespace)`, if
+    given, answers LoadData.namespace_bundle_counts(namespace) from the caller's index (the same numbers,
+    without scanning every bundle for each destination)."""
     def select(bundle: str) -> PlacementDecision:
         cands = candidates(bundle) if candidates is not None else load_data.brokers
-        return select_broker(bundle, cands, load_data, settings, rng, strategy=strategy, preallocate=False)
+        ns_counts = counts(namespace_of(bundle)) if counts is not None else None
+        return select_broker(bundle, cands, load_data, settings, rng, ns_counts, strategy=strategy,
+                             preallocate=False)
     return select
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from clusters.loadbalancer.data import MIBI, NamespaceBundleStats, bundle_bounds, namespace_of, range_of
-from clusters.loadbalancer.extensible.state import S, ChannelView
+from clusters.loadbalancer.extensible.state import ChannelView
 from clusters.loadbalancer.settings import LoadBalancerSettings
 from clusters.loadbalancer.splitting import can_split, split_boundaries
 
@@ -66,7 +66,7 @@ class SplitScheduler:
         out = SplitResult()
         if not s.loadBalancerAutoBundleSplitEnabled:
             return out
-        splitting = [k for k, d in view.items() if d.state == S.Splitting]
+        splitting = view.splitting()
         for b in list(self.hit_counts):
             if b not in bundle_stats:
                 del self.hit_counts[b]

@@ -280,6 +280,10 @@ class ChannelView:
     storage: StorageType = StorageType.SystemTopic
     check_brokers: bool = True
     data: dict[str, ServiceUnitStateData] = field(default_factory=dict)
+    # the keys in Splitting, kept by apply (SplitScheduler asks every cycle; a scan would cost every bundle)
+    _splitting: set[str] = field(default_factory=set, compare=False, repr=False)
+    # the keys in order, kept until a key comes or goes (most messages change a record, not the key set)
+    _keys: list[str] | None = field(default=None, compare=False, repr=False)
 
     def apply(self, key: str, value: ServiceUnitStateData | None) -> ApplyResult:
         prev = self.data.get(key)
@@ -287,10 +291,21 @@ class ChannelView:
         if reason is not None:
             return ApplyResult(key, False, reason, prev, prev)
         if value is None:
-            self.data.pop(key, None)
+            if self.data.pop(key, None) is not None:
+                self._keys = None
         else:
+            if prev is None:
+                self._keys = None
             self.data[key] = value
+        if value is not None and value.state == S.Splitting:
+            self._splitting.add(key)
+        else:
+            self._splitting.discard(key)
         return ApplyResult(key, True, None, prev, value)
+
+    def splitting(self) -> list[str]:
+        """The keys whose record is Splitting, sorted."""
+        return sorted(self._splitting)
 
     def apply_encoded(self, key: str, payload: bytes | None) -> ApplyResult:
         """A raw message: None (or empty) is a tombstone; ChannelDecodeError on a bad payload."""
@@ -305,14 +320,20 @@ class ChannelView:
     def __contains__(self, key: object) -> bool:
         return key in self.data
 
+    def _sorted_keys(self) -> list[str]:
+        if self._keys is None or len(self._keys) != len(self.data):
+            self._keys = sorted(self.data)
+        return self._keys
+
     def __iter__(self) -> Iterator[str]:
-        return iter(sorted(self.data))
+        return iter(list(self._sorted_keys()))
 
     def __len__(self) -> int:
         return len(self.data)
 
     def items(self) -> list[tuple[str, ServiceUnitStateData]]:
-        return sorted(self.data.items())
+        keys = self._sorted_keys()
+        return list(zip(keys, map(self.data.__getitem__, keys)))
 
     def owned_by(self, broker: str) -> list[str]:
         return [k for k, d in self.items() if d.state == S.Owned and d.dstBroker == broker]

@@ -1,0 +1,425 @@
+"""The load-balancer simulator (clusters/loadbalancer/sim): the event core, scenarios and their one-line
+errors, the invariants of a tiny scenario with each load manager, that the simulator runs the load
+managers' own code (change a strategy, the result changes; no strategy defined twice), and that the
+placement's namespace index gives the decisions the full scan gives."""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import random
+from pathlib import Path
+
+import pytest
+
+from clusters.loadbalancer import placement, shedding
+from clusters.loadbalancer.data import BundleData, LoadData, NamespaceBundleStats
+from clusters.loadbalancer.modular_leader import ModularLeader
+from clusters.loadbalancer.settings import LoadBalancerSettings
+from clusters.loadbalancer.sim import run, scenario
+from clusters.loadbalancer.sim.events import Server, Sim
+from tests.loadbalancer.helpers import broker
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+# ------------------------------------------------------------------------------------------ event core
+
+def test_events_run_in_time_order_and_ties_in_scheduling_order():
+    sim, seen = Sim(), []
+    sim.at(30, seen.append, "c")
+    sim.at(10, seen.append, "a1")
+    sim.at(10, seen.append, "a2")
+    sim.after(20, seen.append, "b")
+    assert sim.run(25) == 3
+    assert seen == ["a1", "a2", "b"] and sim.now_ms == 25
+    sim.run(100)
+    assert seen[-1] == "c" and sim.now_ms == 100
+
+
+def test_cancelled_and_periodic_events():
+    sim, seen = Sim(), []
+    h = sim.at(5, seen.append, "x", handle=True)
+    h.cancel()
+    ticks = []
+    sim.every(10, lambda: ticks.append(sim.now_ms) or len(ticks) < 3)
+    sim.run(1000)
+    assert seen == [] and ticks == [10, 20, 30]
+
+
+def test_a_negative_delay_is_refused_and_a_runaway_model_stops():
+    sim = Sim(max_events=100)
+    with pytest.raises(ValueError):
+        sim.after(-1, print)
+
+    def loop() -> None:
+        sim.after(0, loop)
+    sim.after(0, loop)
+    with pytest.raises(RuntimeError, match="more than 100 events"):
+        sim.run(10)
+
+
+def test_server_serves_one_at_a_time():
+    sim, done = Sim(), []
+    q = Server(sim, 5.0)
+    for i in range(3):
+        q.submit(lambda i=i: done.append((i, sim.now_ms)))
+    sim.run(100)
+    assert done == [(0, 5), (1, 10), (2, 15)] and q.max_wait_ms == 10
+
+
+def test_the_same_seed_gives_the_same_run_and_another_seed_another():
+    sc = scenario.BUILTIN["tiny"]
+    a = run.outcomes(run.simulate(sc, "modular", seed=3), 0)
+    b = run.outcomes(run.simulate(sc, "modular", seed=3), 0)
+    c = run.outcomes(run.simulate(sc, "modular", seed=4), 0)
+    strip = ("wall_s", "max_rss_mb")
+    assert {k: v for k, v in a.items() if k not in strip} == {k: v for k, v in b.items() if k not in strip}
+    assert a["topics_per_broker"] != c["topics_per_broker"] or a["lookups"] != c["lookups"]
+
+
+# ------------------------------------------------------------------------------------------ scenarios
+
+def test_list_starts_with_the_seeds_four():
+    assert list(scenario.BUILTIN)[:4] == ["reconnect-storm", "restart-latency", "scale-in-out", "hot-spot-split"]
+    big = scenario.BUILTIN["reconnect-storm"]
+    assert (big.brokers, big.bundles, big.publishers) == (100, 60_000, 100_000)
+
+
+@pytest.mark.parametrize("text,where", [
+    ('brokers = 3\n', "name"),
+    ('name = "x"\nbrokers = "three"\n', "brokers"),
+    ('name = "x"\nbrokerz = 3\n', "brokerz"),
+    ('name = "x"\n[[events]]\nat_s = 1\nkind = "explode"\n', "events[0].kind"),
+    ('name = "x"\nduration_s = 10\n[[events]]\nat_s = 20\nkind = "leave"\n', "events[0].at_s"),
+    ('name = "x"\n[settings]\nloadBalancerFoo = 1\n', "settings"),
+    ('name = "x"\n[params]\ntopic_load = 1\n', "params"),
+    ('name = "x"\nbundles = 1\nnamespaces = 2\n', "bundles"),
+    ('name = "x"\n[[events]]\nat_s = 1\nkind = "leave"\nfraction = 2\n', "events[0].fraction"),
+    ('name = [', None),
+])
+def test_a_malformed_scenario_file_is_one_line_naming_the_field_and_the_fix(tmp_path, text, where):
+    f = tmp_path / "s.toml"
+    f.write_text(text)
+    with pytest.raises(scenario.ScenarioError) as e:
+        scenario.load(f)
+    msg = str(e.value)
+    assert "\n" not in msg and "(fix: " in msg
+    if where:
+        assert e.value.where == where
+
+
+def test_a_scenario_file_runs(tmp_path):
+    f = tmp_path / "s.toml"
+    f.write_text('name = "mine"\nbrokers = 4\ninitial_brokers = 2\nbundles = 8\ntopics = 30\npublishers = 30\n'
+                 'duration_s = 60\nmsg_rate = 300\n[[events]]\nat_s = 20\nkind = "join"\ncount = 2\n'
+                 '[params]\nnic_mbytes = 0.01\n')
+    sc = scenario.load(f)
+    c = run.simulate(sc, "extensible")
+    assert len(c.live()) == 4 and c.connected_pubs == 30
+
+
+# ------------------------------------------------------------------------------------------ invariants
+
+@pytest.mark.parametrize("lm", ["modular", "extensible"])
+def test_tiny_scenario_invariants(lm):
+    sc = scenario.BUILTIN["tiny"]
+    c = run.simulate(sc, lm)
+    o = run.outcomes(c, 0)
+    # every publisher is connected at the end, each topic on its bundle's owner, each bundle owned once
+    assert o["publishers_connected_end"] == o["publishers"] == 40
+    for t in range(len(c.t_name)):
+        b = c.bundles[c.t_bundle[t]]
+        assert c.t_broker[t] == b.owner and c.brokers[b.owner].up
+    owners = {}
+    for name, br in c.brokers.items():
+        for bundle in br.bundles:
+            assert bundle not in owners, f"{bundle} owned by {owners.get(bundle)} and {name}"
+            owners[bundle] = name
+    # the restart disconnected some publishers and they came back
+    assert o["reconnect_s"] is not None and 0 < o["reconnect_s"] < 60
+    # the history is in the LB_EVENT shape and the balance checker reads it
+    hist = run.history(c)
+    reports = [op for op in hist if op.f == "lb-event" and op.value["event"] == "load-report"]
+    assert reports and all(isinstance(op.value["mono_ns"], int) for op in reports)
+    assert [op.time_ns for op in hist] == sorted(op.time_ns for op in hist)
+
+
+def test_extensible_channel_ends_consistent_with_the_owners():
+    c = run.simulate(scenario.BUILTIN["tiny"], "extensible")
+    for name, b in c.bundles.items():
+        if b.owner is not None:
+            assert c.view.is_owner(name, b.owner)
+
+
+def test_scale_in_out_is_judged_by_the_balance_checker():
+    from harness import lb_sim
+    sc = scenario.BUILTIN["small-6-3-6"]
+    c = run.simulate(sc, "modular", seed=2)
+    j = lb_sim.judge(run.history(c))
+    assert len(j["events"]) == 2 and j["unloads"] > 0
+    # and the scale-in emptied half the brokers while the scale-out filled them again
+    assert len(c.live()) == 6 and all(c.brokers[b].topics > 0 for b in c.live())
+
+
+# ------------------------------------------------------------------------------------------ the brokers' code
+
+def test_changing_a_strategy_changes_the_simulators_result(monkeypatch):
+    """The simulator places bundles with placement.py's strategy: a strategy that always picks the
+    first candidate puts every bundle on one broker, and the simulator shows it."""
+    sc = dataclasses.replace(scenario.BUILTIN["tiny"], events=(),
+                             settings={"loadBalancerDistributeBundlesEvenlyEnabled": False})
+    before = run.simulate(sc, "modular")
+    assert sum(1 for b in before.live() if before.brokers[b].bundles) > 1
+
+    def first(self, candidates, bundle_data, load_data, settings, rng):
+        return candidates[0], {}, candidates[:1]
+    monkeypatch.setattr(placement.LeastLongTermMessageRate, "select", first)
+    after = run.simulate(sc, "modular")
+    assert [b for b in after.live() if after.brokers[b].bundles] == [after.live()[0]]
+
+
+def test_changing_the_extensible_assignment_changes_the_simulators_result(monkeypatch):
+    from clusters.loadbalancer.extensible import load_data
+    sc = dataclasses.replace(scenario.BUILTIN["tiny"], events=())
+    before = run.simulate(sc, "extensible")
+    assert sum(1 for b in before.live() if before.brokers[b].bundles) > 1
+    monkeypatch.setattr(load_data, "pick_least_usage", lambda cands, usage, settings, rng: (cands[-1], cands[-1:]))
+    after = run.simulate(sc, "extensible")
+    assert [b for b in after.live() if after.brokers[b].bundles] == [after.live()[-1]]
+
+
+STRATEGY_NAMES = {"LeastLongTermMessageRate", "LeastResourceUsageWithWeight", "ThresholdShedder", "OverloadShedder",
+                  "UniformLoadShedder", "TransferShedder", "SplitScheduler", "ChannelView", "ModularLeader",
+                  "BrokerLoadData", "LocalBrokerData"}
+STRATEGY_FUNCS = {"select_broker", "plan_shedding", "bundles_to_split", "handle_event", "resolve", "get_owner",
+                  "top_k_bundles", "need_broker_data_update", "need_broker_load_data_update", "monitor_ownerships"}
+
+
+def test_no_strategy_is_defined_twice():
+    """The simulator's package defines none of the load managers' classes or decision functions: it
+    imports them."""
+    sim_dir = REPO / "clusters" / "loadbalancer" / "sim"
+    defined = set()
+    for f in sim_dir.glob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+                defined.add(node.name)
+    assert defined & (STRATEGY_NAMES | STRATEGY_FUNCS) == set()
+    imported = set()
+    for f in sim_dir.glob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("clusters.loadbalancer"):
+                imported |= {a.name for a in node.names}
+    assert {"ModularLeader", "TransferShedder", "SplitScheduler", "ChannelView", "handle_event",
+            "select_broker"} <= imported
+
+
+# ------------------------------------------------------------------------------------------ the index
+
+def _random_load_data(rng: random.Random, brokers: int, namespaces: int) -> LoadData:
+    ld = LoadData()
+    reports = {}
+    for i in range(brokers):
+        stats = {}
+        for _ in range(rng.randrange(0, 12)):
+            ns = f"t/ns{rng.randrange(namespaces)}"
+            lo = rng.randrange(0, 1 << 31)
+            s = NamespaceBundleStats(msgRateIn=rng.random() * 100, msgThroughputIn=rng.random() * 1e5,
+                                     topics=rng.randrange(1, 5))
+            stats[f"{ns}/0x{lo:08x}_0x{lo + 1:08x}"] = s
+        reports[f"b{i}"] = broker(cpu_percent=rng.random() * 90, bundles=stats)
+    ld.update_all_broker_data(reports)
+    ld.update_bundle_data()
+    return ld
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_leaders_namespace_index_places_as_the_full_scan(seed):
+    """ModularLeader.select with its index (and the preallocation sums' cache) chooses what
+    select_broker with LoadData.namespace_bundle_counts chooses, placement after placement."""
+    rng = random.Random(seed)
+    settings = LoadBalancerSettings()
+    regs = {}
+    ld0 = _random_load_data(rng, 6, 3)
+    for b, bd in ld0.brokers.items():
+        regs[b] = bd.local
+    lead = ModularLeader(settings, random.Random(seed))
+    lead.refresh(regs)
+    ref = LoadData()
+    ref.update_all_broker_data(dict(regs))
+    ref.update_bundle_data()
+    ref_rng = random.Random(seed)
+    strat = placement.make_placement_strategy(settings)
+    for i in range(60):
+        bundle = f"t/ns{i % 3}/0x{0x90000000 + i:08x}_0x{0x90000001 + i:08x}"
+        got = lead.select(bundle)
+        want = placement.select_broker(bundle, sorted(regs), ref, settings, ref_rng, strategy=strat)
+        assert got.broker == want.broker, i
+        assert lead.namespace_counts(f"t/ns{i % 3}") == {k: v for k, v in ref.namespace_bundle_counts(
+            f"t/ns{i % 3}").items() if v or k in lead.namespace_counts(f"t/ns{i % 3}")}
+
+
+def test_shedding_destination_with_the_index_is_the_same():
+    rng = random.Random(7)
+    ld = _random_load_data(rng, 5, 2)
+    settings = LoadBalancerSettings()
+    index = {ns: ld.namespace_bundle_counts(ns) for ns in ("t/ns0", "t/ns1")}
+    a = shedding.placement_destination(ld, settings, random.Random(1))
+    b = shedding.placement_destination(ld, settings, random.Random(1), counts=lambda ns: index[ns])
+    for bundle in sorted(ld.bundles):
+        assert a(bundle).broker == b(bundle).broker
+
+
+def test_preallocation_sums_follow_every_change():
+    from clusters.loadbalancer.data import PreallocatedBundles, preallocated_sums
+    p = PreallocatedBundles()
+    d1, d2 = BundleData.new_default(), BundleData.new_default()
+    d2.topics = 3
+    assert preallocated_sums(p) == (0, 0)
+    p["a"] = d1
+    assert preallocated_sums(p) == (100.0, 0)
+    p["b"] = d2
+    assert preallocated_sums(p) == (200.0, 3)
+    del p["a"]
+    assert preallocated_sums(p) == (100.0, 3)
+    p.pop("b")
+    assert preallocated_sums(p) == (0, 0)
+
+
+# ------------------------------------------------------------------------------------------ the command
+
+def _cli(argv, capsys):
+    from harness.cli import main
+    rc = main(argv)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_cli_shows_progress_in_simulated_and_wall_time(capsys):
+    rc, out, err = _cli(["lb-sim", "tiny", "--load-manager", "extensible"], capsys)
+    assert rc == 0 and "simulated 120/120 s, wall " in err and "40/40 publishers connected" in err
+    assert out.startswith("tiny  extensible: ")
+
+
+def test_cli_lists_one_scenario_a_line_the_seeds_first(capsys):
+    rc, out, _ = _cli(["lb-sim", "--list"], capsys)
+    assert rc == 0
+    assert [line.split()[0] for line in out.splitlines()][:4] == list(scenario.BUILTIN)[:4]
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["lb-sim", "no-such"], "no scenario"),
+    (["lb-sim", "tiny", "--lb-setting", "loadBalancerFoo=1"], "loadBalancerFoo"),
+    (["lb-sim", "tiny", "--lb-setting", "loadBalancerSheddingIntervalMinutes"], "NAME=VALUE"),
+    (["lb-sim", "tiny", "--lb-setting", "loadBalancerEnabled=maybe"], "loadBalancerEnabled"),
+    (["lb-sim", "tiny", "--brokers", "0"], "--brokers"),
+    (["lb-sim"], "no scenario"),
+])
+def test_cli_bad_input_is_one_line_and_exit_254(capsys, argv, needle):
+    rc, out, err = _cli(argv, capsys)
+    assert rc == 254
+    assert needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_cli_sweep_tabulates_one_run_per_value_and_writes_json_and_html(capsys, tmp_path):
+    import json
+    rc, out, _ = _cli(["lb-sim", "tiny", "--load-manager", "modular", "--quiet", "--out", str(tmp_path),
+                       "--lb-setting", "loadBalancerReportUpdateMinIntervalMillis=1000,5000"], capsys)
+    assert rc == 0
+    lines = [line for line in out.splitlines() if line.startswith("tiny")]
+    assert len(lines) == 2 and "=1000" in lines[0] and "=5000" in lines[1]
+    data = json.loads((tmp_path / "lb-sim.json").read_text())
+    assert [r["settings"] for r in data["results"]] == [{"loadBalancerReportUpdateMinIntervalMillis": "1000"},
+                                                         {"loadBalancerReportUpdateMinIntervalMillis": "5000"}]
+    page = (tmp_path / "index.html").read_text()
+    assert "<svg" in page and "http" not in page.replace("http://www.w3.org/2000/svg", "")
+    assert (tmp_path / "modular-loadBalancerReportUpdateMinIntervalMillis=1000" / "journals" / "lb-events.jsonl").exists()
+
+
+def test_serve_lists_simulations_beside_runs(capsys, tmp_path):
+    from harness import serve
+    rc, _, _ = _cli(["lb-sim", "tiny", "--quiet", "--out", str(tmp_path / "sims" / "tiny-1")], capsys)
+    assert rc == 0
+    page = serve.index_page(tmp_path)
+    assert "<h2>Simulations</h2>" in page and "sims/tiny-1/index.html" in page
+    assert "modular: " in page and "extensible: " in page
+    assert serve.find_simulations(tmp_path / "sims" / "tiny-1" / "modular") == []
+
+
+def test_channel_view_order_follows_every_key_change():
+    """ChannelView keeps its sorted keys until a key comes or goes: items() and iteration stay sorted
+    through assignments, updates, tombstones and rejected messages."""
+    from clusters.loadbalancer.extensible.state import S, ChannelView, ServiceUnitStateData
+    rng = random.Random(5)
+    v = ChannelView()
+    for i in range(400):
+        key = f"t/ns/0x{rng.randrange(40):08x}_0x{rng.randrange(40, 80):08x}"
+        cur = v.get(key)
+        r = rng.random()
+        if r < 0.2:
+            v.apply(key, None)
+        elif cur is None:
+            v.apply(key, ServiceUnitStateData(S.Owned, "b1", None, None, False, i, 1))
+        else:
+            v.apply(key, ServiceUnitStateData(S.Releasing, None, cur.dstBroker, None, False, i, cur.versionId + 1)
+                    if cur.state == S.Owned else ServiceUnitStateData(S.Owned, "b2", None, None, True, i,
+                                                                     cur.versionId + 1))
+        assert v.items() == sorted(v.data.items())
+        assert list(v) == sorted(v.data)
+
+
+SMALL = {"reconnect-storm": dict(brokers=10, bundles=60, topics=100, publishers=100),
+         "restart-latency": dict(brokers=5, bundles=20, topics=100, publishers=100),
+         "scale-in-out": dict(brokers=6, bundles=20, topics=120, publishers=120),
+         "hot-spot-split": dict(brokers=4, bundles=1, topics=300, publishers=300)}
+
+
+@pytest.mark.parametrize("lm", ["modular", "extensible"])
+@pytest.mark.parametrize("name", list(SMALL))
+def test_the_seeds_scenarios_keep_their_invariants_at_a_small_scale(name, lm):
+    sc = scenario.BUILTIN[name].scaled(**SMALL[name])
+    c = run.simulate(sc, lm)
+    o = run.outcomes(c, 0)
+    # every publisher is back, each topic on its bundle's live owner, no bundle owned twice
+    assert o["publishers_connected_end"] == o["publishers"]
+    for t in range(len(c.t_name)):
+        b = c.bundles[c.t_bundle[t]]
+        assert c.t_broker[t] == b.owner and c.brokers[b.owner].up
+    seen: set[str] = set()
+    for br in c.brokers.values():
+        assert not (br.bundles & seen)
+        seen |= br.bundles
+    # each namespace's bundles still partition the hash range
+    for ns, lows in c.bounds.items():
+        ups = c.uppers[ns]
+        assert lows[0] == 0 and ups[-1] == 0xFFFFFFFF and lows[1:] == ups[:-1]
+    if lm == "extensible":
+        for bname, b in c.bundles.items():
+            assert b.owner is None or c.view.is_owner(bname, b.owner)
+    # the scenario's own figure exists
+    if sc.metric == "reconnect":
+        assert o["reconnect_s"] is not None and o["reconnect_s"] > 0
+    elif sc.metric == "p9999":
+        assert o["p9999_ms"] is not None and o["p9999_ms"] > c.p.publish_ms
+    elif sc.metric == "balance":
+        assert [e["event"] for e in o["settle"]] == ["leave", "join"] and len(c.live()) == sc.brokers
+    else:
+        assert o["splits"] > 0 and len(c.bundles) > 1
+
+
+def test_a_brokers_own_capacity_changes_its_load_and_is_checked(tmp_path):
+    f = tmp_path / "cap.toml"
+    f.write_text('name = "cap"\nbrokers = 2\nbundles = 8\ntopics = 40\npublishers = 40\nmsg_rate = 4000\n'
+                 'duration_s = 30\n[params]\nnic_mbytes = 10\n[capacity.broker-2]\nnic_mbytes = 40\n')
+    sc = scenario.load(f)
+    c = run.simulate(sc, "modular")
+    b1, b2 = (c.brokers[b] for b in c.order)
+    u1 = c.usage(b1)["bandwidthIn"]
+    u2 = c.usage(b2)["bandwidthIn"]
+    assert u1.limit * 4 == u2.limit
+    f.write_text('name = "cap"\nbrokers = 2\n[capacity.broker-3]\nnic_mbytes = 40\n')
+    with pytest.raises(scenario.ScenarioError, match="capacity.broker-3"):
+        scenario.load(f)
+    f.write_text('name = "cap"\nbrokers = 2\n[capacity.broker-1]\ndisk = 40\n')
+    with pytest.raises(scenario.ScenarioError, match="capacity.broker-1.disk"):
+        scenario.load(f)
