@@ -13,6 +13,8 @@ Routes ({t}/{ns}: tenant/namespace; {topic}: the local name; {bundle}: 0xLLLLLLL
     GET  /admin/v2/brokers/health | ready              "ok" (ready: with a ZooKeeper session, else 503)
     GET  /admin/v2/brokers/{cluster}                   ["host:http_port", ...] live brokers
     GET  /admin/v2/brokers/{cluster}/{broker}/ownedNamespaces
+    GET  /admin/v2/loadbalancer/channel                the extensible load manager's channel as this broker
+                                                       sees it: {"broker", "leader", "last_applied", "records"}
                                                        {"t/ns/{bundle}": {"broker_assignment", "is_active",
                                                         "is_controlled"}} of that broker ({broker}:
                                                         host:http_port, host:port or node name)
@@ -200,6 +202,13 @@ class AdminHttpServer(HttpServer):
         elif s == ["admin", "v2", "broker-stats", "load-report"]:
             _allow(req, "the load report", "GET")
             return Response(200, self.service.load_manager.load_report())
+        elif s == ["admin", "v2", "loadbalancer", "channel"]:
+            _allow(req, "the service-unit state channel", "GET")
+            snapshot = getattr(self.service.load_manager, "channel_snapshot", None)
+            if snapshot is None:
+                raise HttpError(404, f"this broker runs the {self.service.load_manager.name} load manager, "
+                                     "which has no service-unit state channel (--load-manager extensible)")
+            return Response(200, snapshot())
         elif s[:3] == ["admin", "v2", "namespaces"] and len(s) >= 4:
             return await self._namespaces(req, s[3:])
         elif s[:3] == ["admin", "v2", "schemas"] and len(s) >= 7:

@@ -11,7 +11,10 @@ load manager's `persistent://pulsar/system/loadbalancer-service-unit-state` and
     await client.close()
 
 What it does, over clusters/protocol/frames.py and PulsarApi_pb2:
-- connect + handshake (CONNECT/CONNECTED), PING answered; one connection per broker, shared.
+- connect + handshake (CONNECT/CONNECTED), PING answered; one connection per broker, shared. Keep-alive
+  as the official client's keepAliveIntervalSeconds: a connection silent for `keepalive_interval` is
+  PINGed; silent for twice that, it is closed as lost (a crashed broker, or a partition, sends no FIN),
+  and its producers and readers reconnect.
 - lookup (LOOKUP) from the service URL, following Redirect answers (with the authoritative flag the
   answer carries) to the owner, at most MAX_LOOKUP_REDIRECTS hops; Failed with a retriable error
   (ServiceNotReady, TooManyRequests) is retried with backoff within the operation timeout.
@@ -131,6 +134,8 @@ class _Connection:
         self.error: PulsarClientError | None = None
         self.max_message_size = frames.DEFAULT_MAX_MESSAGE_SIZE
         self._task: asyncio.Task | None = None
+        self._keepalive: asyncio.Task | None = None
+        self.last_read = time.monotonic()
         self._backlog: list[tuple[pb.BaseCommand, bytes | None]] = []   # frames read with CONNECTED
 
     def __repr__(self) -> str:
@@ -167,7 +172,27 @@ class _Connection:
             raise e
         if cmd.connected.HasField("max_message_size"):
             self.max_message_size = cmd.connected.max_message_size
+        self.last_read = time.monotonic()
         self._task = asyncio.get_running_loop().create_task(self._read_loop())
+        if self.client.keepalive_interval > 0:
+            self._keepalive = asyncio.get_running_loop().create_task(self._keepalive_loop())
+
+    async def _keepalive_loop(self) -> None:
+        interval = self.client.keepalive_interval
+        ping = T(type=T.PING)
+        ping.ping.SetInParent()
+        while not self.closed:
+            await asyncio.sleep(interval / 2)
+            silent = time.monotonic() - self.last_read
+            if silent > 2 * interval:
+                self._shutdown(ConnectionClosed(f"connection to {self.host}:{self.port} lost: nothing received "
+                                                f"for {silent:.1f} s (keep-alive {interval} s)"))
+                return
+            if silent > interval:
+                try:
+                    self._write(frames.encode_command(ping))
+                except ConnectionClosed:
+                    return
 
     async def _first_command(self) -> pb.BaseCommand:
         assert self.reader is not None
@@ -194,6 +219,7 @@ class _Connection:
                 data = await self.reader.read(262144)
                 if not data:
                     break
+                self.last_read = time.monotonic()
                 for cmd, payload in self.decoder.feed(data):
                     self._dispatch(cmd, payload)
         except frames.ProtocolError as e:
@@ -290,6 +316,8 @@ class _Connection:
             return
         self.closed = True
         self.error = err
+        if self._keepalive is not None and self._keepalive is not asyncio.current_task():
+            self._keepalive.cancel()
         if self.writer is not None:
             try:
                 self.writer.close()
@@ -319,8 +347,9 @@ class _Connection:
 
 class PulsarClient:
     def __init__(self, service_url: str, *, operation_timeout: float = 30.0, connect_timeout: float = 5.0,
-                 reconnect_timeout: float = 60.0):
+                 reconnect_timeout: float = 60.0, keepalive_interval: float = 30.0):
         self.service_url = service_url
+        self.keepalive_interval = keepalive_interval      # keepAliveIntervalSeconds; 0: none
         self.service = _parse_url(service_url)
         self.operation_timeout = operation_timeout
         self.connect_timeout = connect_timeout
