@@ -140,6 +140,37 @@ def test_a_refusal_is_a_server_error_naming_the_code():
     run(go())
 
 
+def test_keep_alive_closes_a_silent_connection_and_keeps_one_that_answers_pings():
+    """A broker that crashed or is cut off sends no FIN: the keep-alive PINGs a silent connection and
+    gives it up after twice the interval; a broker that answers the PINGs keeps it."""
+    def answer(pong: bool):
+        def reply(seen):
+            cmd = seen[-1]
+            if cmd.type == T.CONNECT:
+                return connected()
+            if cmd.type == T.PING and pong:
+                p = T(type=T.PONG)
+                p.pong.SetInParent()
+                return frames.encode_command(p)
+            return None
+        return reply
+
+    async def go(pong: bool) -> tuple[bool, str, bool]:
+        server, port = await fake_server(answer(pong))
+        client = PulsarClient(f"pulsar://127.0.0.1:{port}", operation_timeout=3, keepalive_interval=0.2)
+        try:
+            conn = await client.connection("127.0.0.1", port)
+            await asyncio.sleep(1.0)                       # five intervals
+            return conn.closed, str(conn.error or ""), conn in client._conns.values()
+        finally:
+            await client.close()
+            server.close()
+    closed, why, kept = run(go(pong=False))
+    assert closed and "nothing received" in why and not kept
+    closed, why, kept = run(go(pong=True))
+    assert not closed and kept, why
+
+
 def test_bad_arguments_are_refused():
     with pytest.raises(PulsarClientError, match="invalid service URL"):
         PulsarClient("nonsense")
