@@ -782,7 +782,13 @@ class AdminHttpServer(HttpServer):
         data = decode_json_object(got[0] if got else b"")
         topics = [t for t in await self._namespace_topics(namespace)
                   if self.service.ownership.bundle(t) == bundle]
-        return {"bundle": str(bundle), "range": bundle.range_name, "owner": data.get("broker"),
+        owner = data.get("broker")
+        if owner is None and not got:       # no lock: ownership kept elsewhere (the extensible load manager)
+            owner = await _zk(self.service.ownership.owner(bundle))
+            if owner is not None:
+                url = f"pulsar://{owner}"
+                data = {"service_url": url, "web_url": await self.web_url_of(url)}
+        return {"bundle": str(bundle), "range": bundle.range_name, "owner": owner,
                 "brokerUrl": data.get("service_url"), "httpUrl": data.get("web_url"),
                 "brokerName": data.get("name"), "topics": topics}
 

@@ -36,7 +36,8 @@ import time
 from typing import Any
 
 from clusters.loadbalancer.api import Route, UnloadRefused
-from clusters.loadbalancer.bundles import Bundle, BundleError, topic_namespace
+from clusters.loadbalancer.bundles import (Bundle, BundleError, bundles_data, initial_boundaries, policies_path,
+                                           topic_namespace)
 from clusters.loadbalancer.channel_ownership import SYSTEM_NAMESPACE, ChannelOwnership
 from clusters.loadbalancer.data import ResourceUsage, namespace_of
 from clusters.loadbalancer.extensible import handlers as H
@@ -54,7 +55,8 @@ from clusters.loadbalancer.settings import LoadBalancerSettings
 from clusters.loadbalancer.shared import DecisionLog, LeaderElection, bundle_stats, now_ms, periodic, split_cuts
 from clusters.loadbalancer.signals import HostUsage
 from clusters.metadata.brokers import BROKERS_PATH, BrokerRegistry
-from clusters.metadata.store import NodeExists, NoNode
+from clusters.metadata.codec import decode_json_object
+from clusters.metadata.store import BadVersion, NodeExists, NoNode
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,9 @@ GRACEFUL_STOP_WAIT_S = 5.0                         # how long a stopping broker 
 # the internal client's keep-alive (Pulsar's keepAliveIntervalSeconds, 30 s): a crashed channel owner is
 # noticed within twice this, and the channel's producer and reader move to the new one
 INTERNAL_CLIENT_KEEPALIVE_S = 3.0
+# the system namespace keeps the channel's whole history: a broker (re)starting reads it from the earliest
+# message (Pulsar reads the compacted channel instead; its compaction cursor holds the ledgers back)
+SYSTEM_RETENTION = {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1}
 
 
 class ExtensibleLoadManager:
@@ -126,6 +131,7 @@ class ExtensibleLoadManager:
         from clusters.protocol.client import PulsarClient
         await self.ownership.start()
         self.store.add_listener(self._on_session)
+        await self._ensure_system_namespace()
         await self._register()
         self.store.watch_children(BROKERS_PATH, self._on_brokers)
         await self._refresh_registry()
@@ -203,9 +209,36 @@ class ExtensibleLoadManager:
                   for _, d in view.items()):
             await asyncio.sleep(0.1)          # bounded by the caller
 
+    async def _ensure_system_namespace(self) -> None:
+        """`pulsar/system` with infinite retention (set when its policies have none)."""
+        path = policies_path(SYSTEM_NAMESPACE)
+        for _ in range(3):
+            got = await self.store.get_or_none(path)
+            if got is None:
+                body = {"bundles": bundles_data(initial_boundaries(int(self.cfg.bundles))),
+                        "retention_policies": SYSTEM_RETENTION}
+                try:
+                    await self.store.create(path, json.dumps(body).encode(), makepath=True)
+                    return
+                except NodeExists:
+                    continue
+            doc = decode_json_object(got[0])
+            if doc.get("retention_policies") is not None:
+                return
+            doc["retention_policies"] = SYSTEM_RETENTION
+            try:
+                await self.store.set(path, json.dumps(doc).encode(), version=got[1])
+                return
+            except BadVersion:
+                continue
+
     def _on_session(self, state: str) -> None:
         if state == "LOST":
             self._session_lost = True
+            if self.election.is_leader:
+                # the leader znode goes with the session: stop serving the channel before another does
+                self.election.is_leader = False
+                self._on_leader_change(False)
         elif state == "CONNECTED" and self._session_lost:
             self._session_lost = False
             self._reestablished_at = time.monotonic()

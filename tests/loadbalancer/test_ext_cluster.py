@@ -193,6 +193,8 @@ def test_unload_transfer_and_a_transfer_to_the_owner_refused(cluster):
         assert status == 204, out
         rec = settled_channel(cluster)[key]
         assert (rec["state"], rec["dstBroker"], rec["sourceBroker"]) == ("Owned", dest, owner)
+        status, info = call(cluster, "GET", f"/admin/v2/namespaces/{key}", broker=1)
+        assert status == 200 and info["httpUrl"] == f"http://{dest}", info
         producer.send(b"two")                                # the client followed the bundle
         assert owner_id_of_url(cluster, lookup(cluster, f"persistent://{ns}/u", 3)) == dest
         # a plain unload: Free, and the next lookup assigns it afresh
@@ -312,3 +314,9 @@ def test_a_graceful_stop_transfers_the_bundles_away(cluster):
                 p.close()
     finally:
         cluster.start(node.name)
+    # back: it read the channel's whole history (kept: pulsar/system retains everything) into its view
+    after = settled_channel(cluster, timeout=20)         # every live view alike, the restarted broker's too
+    assert {k for k in recs if k.startswith(ns + "/")} <= set(after)
+    assert channel(cluster, ids.index(victim))["records"] == after
+    status, retention = call(cluster, "GET", "/admin/v2/namespaces/pulsar/system/retention")
+    assert status == 200 and retention == {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1}, retention
