@@ -358,8 +358,8 @@ class ChannelOwnership(ZkOwnership):
                 raise LookupError(ans.reason)
             if left <= 0:
                 break
-            if ans.kind == "wait":
-                await self.wait_change(key, left)
+            if ans.kind == "wait" or st in (S.Assigning, S.Releasing, S.Splitting):
+                await self.wait_change(key, left)       # e.g. a plain unload's Releasing: wait for the Free
                 continue
             task = self._assigning.get(key)
             if task is None:

@@ -499,8 +499,9 @@ class ExtensibleLoadManager:
             if now - at > grace:
                 del self.recently_unloaded_bundles[b]
         view = self.ownership.view
+        loads = {b: d for b, d in self.broker_load.items() if b in avail}
         res = self.shedder.find_bundles_for_unloading(
-            broker_load={b: d for b, d in self.broker_load.items() if b in avail},
+            broker_load=loads,
             top_bundles={b: t for b, t in self.top_bundles.items() if b in avail},
             available_brokers=avail, recently_unloaded_bundles=self.recently_unloaded_bundles,
             recently_unloaded_brokers=self.recently_unloaded_brokers, settings=s, now_ms=now, view=view)
@@ -508,6 +509,10 @@ class ExtensibleLoadManager:
             self.breakdown[k] = self.breakdown.get(k, 0) + 1
         self._event("shedding", plan={"strategy": "TransferShedder", "label": res.label, "reason": res.reason,
                                       "avg": round(res.avg, 5), "std": round(res.std, 5), "hit_count": res.hit_count,
+                                      # the scores compared (the balance checker reads them as the modular
+                                      # shedders' averaged usage)
+                                      "strategy_record": {"brokers": {b: {"avg_usage": round(d.weightedMaxEMA, 5)}
+                                                                      for b, d in sorted(loads.items())}},
                                       "unloads": [{"bundle": d.unload.serviceUnit, "src": d.unload.sourceBroker,
                                                    "dst": d.unload.destBroker, "reason": d.reason}
                                                   for d in res.decisions]})
