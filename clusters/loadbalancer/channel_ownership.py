@@ -28,8 +28,8 @@ import time
 from typing import Any
 
 from clusters.loadbalancer.api import LookupResult
-from clusters.loadbalancer.bundles import Bundle, BundleError, NamespaceBundles, local_policies_path, parse_range, \
-    topic_namespace
+from clusters.loadbalancer.bundles import (Bundle, BundleError, NamespaceBundles, local_policies_path, parse_range,
+                                           topic_namespace)
 from clusters.loadbalancer.extensible import handlers as H
 from clusters.loadbalancer.extensible.state import (CHANNEL_TOPIC, S, ChannelDecodeError, ChannelView,
                                                     ServiceUnitStateData, state_of)

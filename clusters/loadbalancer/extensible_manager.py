@@ -63,7 +63,8 @@ log = logging.getLogger(__name__)
 LEADER_PATH = "/loadbalance/extension/leader"      # ExtensibleLoadManagerImpl's ELECTION_ROOT
 CLASS_NAME = "org.apache.pulsar.broker.loadbalance.extensions.ExtensibleLoadManagerImpl"
 BROKER_VERSION = "3.3.0-pulsar-chaos"
-GRACEFUL_STOP_WAIT_S = 5.0                         # how long a stopping broker waits for its transfers
+# how long a stopping broker waits for its transfers (ServiceUnitStateChannelImpl's constant)
+OWNERSHIP_CLEAN_UP_MAX_WAIT_TIME_IN_MILLIS = 5000
 # the internal client's keep-alive (Pulsar's keepAliveIntervalSeconds, 30 s): a crashed channel owner is
 # noticed within twice this, and the channel's producer and reader move to the new one
 INTERNAL_CLIENT_KEEPALIVE_S = 3.0
@@ -164,10 +165,11 @@ class ExtensibleLoadManager:
         for t in timers + self._leader_tasks:
             t.cancel()
         try:
-            await asyncio.wait_for(self._transfer_all_away(), GRACEFUL_STOP_WAIT_S)
+            await asyncio.wait_for(self._transfer_all_away(), OWNERSHIP_CLEAN_UP_MAX_WAIT_TIME_IN_MILLIS / 1000)
         except asyncio.TimeoutError:
             left = [k for k, d in self.ownership.view.items() if d.dstBroker == self.broker_id and is_active(d.state)]
-            log.warning("stopping with bundles not transferred within %.0f s: %s", GRACEFUL_STOP_WAIT_S, left)
+            log.warning("stopping with bundles not transferred within %d ms: %s",
+                        OWNERSHIP_CLEAN_UP_MAX_WAIT_TIME_IN_MILLIS, left)
         except Exception as e:  # noqa: BLE001 - the leader's monitor cleans up after us then
             log.warning("transferring the bundles away: %s", e)
         self.stopping = True
