@@ -62,6 +62,9 @@ class ChannelOwnership(ZkOwnership):
         self.broker_id = lm.broker_id
         self.view = ChannelView()
         self.last_applied: tuple[int, int] | None = None
+        # the channel's last message when this broker first read it: what comes up to there is history,
+        # applied to the view without running its handlers (Pulsar's table view listens to the tail only)
+        self.history_end: tuple[int, int] | None = None
         self.producer: Any = None
         self.reader: Any = None
         self.stopped = False
@@ -86,6 +89,9 @@ class ChannelOwnership(ZkOwnership):
                 if self.reader is None or self.reader.failed is not None:
                     await self._close_reader()
                     self.reader = await self.lm.client.create_reader(CHANNEL_TOPIC, start="earliest")
+                    if self.last_applied is None and self.history_end is None:
+                        last = await self.reader.last_message_id()
+                        self.history_end = (last.ledger_id, last.entry_id)
                 mid, key, payload = await self.reader.read_next(timeout=5.0)
             except asyncio.CancelledError:
                 raise
@@ -125,13 +131,22 @@ class ChannelOwnership(ZkOwnership):
     def apply(self, at: tuple[int, int], key: str | None, payload: bytes) -> None:
         """One channel message at message id `at`: into the view, then its actions."""
         self.last_applied = at
+        history = self.history_end is not None and at <= self.history_end
+        if history and at >= self.history_end:
+            # the history is read: what the channel says this broker owns (a previous incarnation under
+            # the same brokerId) it owns, as Pulsar's isOwner reads the channel
+            self.history_end = None
+            history = True
+            adopt = True
+        else:
+            adopt = False
         if key:
             try:
                 res = self.view.apply_encoded(key, payload)
             except ChannelDecodeError as e:
                 log.warning("channel message %s of %s is not a ServiceUnitStateData: %s", at, key, e)
                 res = None
-            if res is not None:
+            if not history and res is not None:
                 if res.accepted:
                     actions = H.handle_event(key, res.previous, res.current, self.broker_id, view=self.view,
                                              multi_phase=self.lm.settings.loadBalancerMultiPhaseBundleUnload,
@@ -145,6 +160,9 @@ class ChannelOwnership(ZkOwnership):
             for fut in self._waiters.pop(key, []):
                 if not fut.done():
                     fut.set_result(None)
+        if adopt:
+            for k in self.view.owned_by(self.broker_id):
+                self.owned.add(bundle_of_key(k))
         still = []
         for target, fut in self._applied_waiters:
             if fut.done():

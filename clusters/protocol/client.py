@@ -8,6 +8,7 @@ load manager's `persistent://pulsar/system/loadbalancer-service-unit-state` and
     mid = await producer.send(b"payload", key="k")          # MessageId(ledger, entry, partition, batch)
     reader = await client.create_reader(topic, start="earliest")
     async for mid, key, payload in reader: ...               # or: await reader.read_next(timeout)
+    last = await reader.last_message_id()                   # GET_LAST_MESSAGE_ID
     await client.close()
 
 What it does, over clusters/protocol/frames.py and PulsarApi_pb2:
@@ -770,6 +771,21 @@ class Reader(_Handle):
             self._flow(self._taken)
             self._taken = 0
         return item
+
+    async def last_message_id(self) -> MessageId:
+        """GET_LAST_MESSAGE_ID: the id of the topic's last message now ((ledger, -1) or below when it
+        has none)."""
+        conn = self.conn
+        if conn is None or conn.closed:
+            raise ConnectionClosed(f"{self}: not connected")
+        rid = self.client.next_id()
+        cmd = T(type=T.GET_LAST_MESSAGE_ID)
+        cmd.getLastMessageId.consumer_id = self.id
+        cmd.getLastMessageId.request_id = rid
+        got = (await conn.request(cmd, rid, f"the last message id of {self.topic}")).getLastMessageIdResponse
+        m = got.last_message_id
+        return MessageId(frames.to_signed64(m.ledgerId), frames.to_signed64(m.entryId), m.partition,
+                         m.batch_index if m.HasField("batch_index") else -1)
 
     def __aiter__(self) -> "Reader":
         return self

@@ -270,9 +270,13 @@ def test_write_keyed_messages_and_read_them_back_across_an_unload(broker):
             assert [g[0] for g in got] == ids
             with pytest.raises(ClientTimeout):
                 await r.read_next(0.5)
+            last = await r.last_message_id()             # GET_LAST_MESSAGE_ID: the last one written
+            assert (last.ledger_id, last.entry_id) == (ids[-1].ledger_id, ids[-1].entry_id)
             latest = await client.create_reader(topic, start="latest")
             mid = await p.send(b"tail")
             assert await latest.read_next(5) == (mid, None, b"tail")
+            last = await latest.last_message_id()
+            assert (last.ledger_id, last.entry_id) == (mid.ledger_id, mid.entry_id)
         finally:
             await client.close()
     run(go())
