@@ -68,6 +68,9 @@ OWNERSHIP_CLEAN_UP_MAX_WAIT_TIME_IN_MILLIS = 5000
 # the internal client's keep-alive (Pulsar's keepAliveIntervalSeconds, 30 s): a crashed channel owner is
 # noticed within twice this, and the channel's producer and reader move to the new one
 INTERNAL_CLIENT_KEEPALIVE_S = 3.0
+# after a broker joins, every broker pushes its load data every round for this long (the newcomer's reader
+# of the non-persistent load-data topic starts from then); ours, not Pulsar's
+REPUBLISH_ON_JOIN_S = 10.0
 # the system namespace keeps the channel's whole history: a broker (re)starting reads it from the earliest
 # message (Pulsar reads the compacted channel instead; its compaction cursor holds the ledgers back)
 SYSTEM_RETENTION = {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1}
@@ -105,6 +108,7 @@ class ExtensibleLoadManager:
         self._published: BrokerLoadData | None = None
         self._top_published: str | None = None
         self._leader_seen: str | None = None
+        self._republish_until = 0.0               # monotonic: push the load data every round until then
         self.broker_load: dict[str, BrokerLoadData] = {}
         self.top_bundles: dict[str, TopBundlesLoadData] = {}
         self._load_producer: Any = None
@@ -305,6 +309,10 @@ class ExtensibleLoadManager:
                 await self._register()                   # BrokerRegistryImpl re-registers itself
             except Exception as e:  # noqa: BLE001
                 log.warning("re-registering: %s", e)
+        if came - {self.broker_id}:
+            # a broker joined: its load-data reader starts from now (a non-persistent topic keeps nothing),
+            # so push ours every round for a while, whatever the reporter rule says
+            self._republish_until = time.monotonic() + max(REPUBLISH_ON_JOIN_S, 4 * self.report_interval_s)
         for b in came:
             t = self._cleanups.pop(b, None)
             if t is not None:
@@ -428,7 +436,8 @@ class ExtensibleLoadManager:
             self._top_published = None
         if leader is None or self.client is None:
             return
-        if need_broker_load_data_update(self._published, self.local, self.settings, now):
+        if (need_broker_load_data_update(self._published, self.local, self.settings, now)
+                or time.monotonic() < self._republish_until):
             self.local.mark_reported(now)
             if self._load_producer is None or self._load_producer.failed is not None:
                 self._load_producer = await self.client.create_producer(BROKER_LOAD_DATA_TOPIC)

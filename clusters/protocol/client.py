@@ -118,6 +118,28 @@ def _parse_url(url: str) -> tuple[str, int]:
     return host, int(port)
 
 
+async def _bounded(coro: Any, timeout: float, what: str) -> Any:
+    """`coro`'s result, or ClientTimeout after `timeout` s: the attempt is cancelled and abandoned, not
+    awaited (whatever it waits for, the caller goes on); where it was stuck is logged."""
+    task = asyncio.ensure_future(coro)
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    if not done:
+        stack = " <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in reversed(task.get_stack(limit=8)))
+        task.cancel()
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())      # retrieved: no warning
+        log.warning("%s: no outcome within %.1f s, abandoned (at %s)", what, timeout, stack or "?")
+        raise ClientTimeout(f"{what}: no outcome within {timeout:.1f} s")
+    return task.result()
+
+
+def _close_abandoned(attempt: "asyncio.Future") -> None:
+    """A connect given up at its timeout that completed after all: close what it opened."""
+    if attempt.cancelled() or attempt.exception() is not None:
+        return
+    _, writer = attempt.result()
+    writer.close()
+
+
 class _Connection:
     """One TCP connection to a broker: requests matched to answers by request id, and the producers
     and consumers registered on it fed their receipts and messages."""
@@ -144,11 +166,16 @@ class _Connection:
 
     async def open(self) -> None:
         timeout = self.client.connect_timeout
+        # not wait_for: a connect to an address that stopped answering (a crashed host) can outlive its
+        # cancellation by the kernel's SYN retries; the attempt is abandoned at the timeout instead
+        attempt = asyncio.ensure_future(asyncio.open_connection(self.host, self.port))
+        done, _ = await asyncio.wait({attempt}, timeout=timeout)
+        if not done:
+            attempt.cancel()
+            attempt.add_done_callback(_close_abandoned)
+            raise ClientTimeout(f"connecting to {self.host}:{self.port}: no answer within {timeout} s")
         try:
-            self.reader, self.writer = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.port), timeout)
-        except asyncio.TimeoutError:
-            raise ClientTimeout(f"connecting to {self.host}:{self.port}: no answer within {timeout} s") from None
+            self.reader, self.writer = attempt.result()
         except OSError as e:
             raise ConnectionClosed(f"connecting to {self.host}:{self.port}: {e}") from None
         c = T(type=T.CONNECT)
@@ -163,6 +190,9 @@ class _Connection:
         except PulsarClientError as e:
             self._shutdown(e)
             raise
+        except OSError as e:               # reset during the handshake (a broker going down)
+            self._shutdown(ConnectionClosed(f"{self.host}:{self.port}: connection lost during the handshake: {e}"))
+            raise self.error from None  # type: ignore[misc]
         if cmd.type == T.ERROR:
             e = ServerError(cmd.error.error, cmd.error.message, f"handshake with {self.host}:{self.port}")
             self._shutdown(e)
@@ -351,6 +381,8 @@ class PulsarClient:
                  reconnect_timeout: float = 60.0, keepalive_interval: float = 30.0):
         self.service_url = service_url
         self.keepalive_interval = keepalive_interval      # keepAliveIntervalSeconds; 0: none
+        # one attempt to attach a producer or reader: a lookup, a connection, the request
+        self.attempt_timeout = 2 * operation_timeout + 2 * connect_timeout
         self.service = _parse_url(service_url)
         self.operation_timeout = operation_timeout
         self.connect_timeout = connect_timeout
@@ -394,6 +426,13 @@ class PulsarClient:
         while True:
             try:
                 return await self._lookup_once(topic, deadline)
+            except OSError as e:
+                last_os = ConnectionClosed(f"lookup of {topic}: {type(e).__name__}: {e}")
+                if time.monotonic() + delay > deadline:
+                    raise last_os from None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
             except (ServerError, ConnectionClosed, ClientTimeout) as e:
                 if isinstance(e, ServerError) and not e.retriable:
                     raise
@@ -434,7 +473,7 @@ class PulsarClient:
     async def create_producer(self, topic: str, *, name: str | None = None,
                               send_timeout: float = 30.0) -> "Producer":
         p = Producer(self, topic, name, send_timeout)
-        await p._connect(first=True)
+        await _bounded(p._connect(first=True), self.attempt_timeout, f"creating a producer on {topic}")
         self._handles.add(p)
         return p
 
@@ -445,7 +484,7 @@ class PulsarClient:
         if receiver_queue_size < 1:
             raise PulsarClientError(f"invalid receiver_queue_size {receiver_queue_size}: at least 1")
         r = Reader(self, topic, start, receiver_queue_size)
-        await r._connect(first=True)
+        await _bounded(r._connect(first=True), self.attempt_timeout, f"creating a reader on {topic}")
         self._handles.add(r)
         return r
 
@@ -485,10 +524,14 @@ class _Handle:
         deadline = time.monotonic() + self.client.reconnect_timeout
         delay = 0.1
         last: Exception | str = why
+        attempt = 0
         while not self.closed and self.conn is None:
+            attempt += 1
+            started = time.monotonic()
             try:
-                await self._connect(first=False)
+                await _bounded(self._connect(first=False), self.client.attempt_timeout, f"{self}: reconnecting")
                 self.reconnects += 1
+                log.info("%s: reconnected (attempt %d)", self, attempt)
                 return
             except ServerError as e:
                 last = e
@@ -496,6 +539,10 @@ class _Handle:
                     break
             except PulsarClientError as e:
                 last = e
+            except Exception as e:  # noqa: BLE001 - whatever an attempt raises, the loop goes on
+                last = ConnectionClosed(f"{type(e).__name__}: {e}")
+            log.info("%s: reconnect attempt %d failed after %.1f s: %s", self, attempt, time.monotonic() - started,
+                     last)
             if time.monotonic() + delay > deadline:
                 break
             await asyncio.sleep(delay)

@@ -171,6 +171,32 @@ def test_keep_alive_closes_a_silent_connection_and_keeps_one_that_answers_pings(
     assert not closed and kept, why
 
 
+def test_a_reset_during_the_handshake_is_a_client_error_not_an_oserror():
+    """A broker going down resets the connection in the middle of the handshake: the client's own error
+    (which its lookup and reconnect loops retry), never a bare OSError that would end those loops."""
+    import socket
+    import struct
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(65536)                                  # the CONNECT
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()                                  # RST
+
+    async def go():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = PulsarClient(f"pulsar://127.0.0.1:{port}", operation_timeout=1)
+        try:
+            with pytest.raises(PulsarClientError) as e:
+                await client.create_producer("persistent://public/default/x")
+            assert not isinstance(e.value, OSError)
+        finally:
+            await client.close()
+            server.close()
+    run(go())
+
+
 def test_bad_arguments_are_refused():
     with pytest.raises(PulsarClientError, match="invalid service URL"):
         PulsarClient("nonsense")
