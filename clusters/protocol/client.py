@@ -122,7 +122,11 @@ async def _bounded(coro: Any, timeout: float, what: str) -> Any:
     """`coro`'s result, or ClientTimeout after `timeout` s: the attempt is cancelled and abandoned, not
     awaited (whatever it waits for, the caller goes on); where it was stuck is logged."""
     task = asyncio.ensure_future(coro)
-    done, _ = await asyncio.wait({task}, timeout=timeout)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    except asyncio.CancelledError:
+        task.cancel()                  # the caller gave up (a close): so does the attempt
+        raise
     if not done:
         stack = " <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in reversed(task.get_stack(limit=8)))
         task.cancel()
