@@ -13,6 +13,8 @@ Routes ({t}/{ns}: tenant/namespace; {topic}: the local name; {bundle}: 0xLLLLLLL
     GET  /admin/v2/brokers/health | ready              "ok" (ready: with a ZooKeeper session, else 503)
     GET  /admin/v2/brokers/{cluster}                   ["host:http_port", ...] live brokers
     GET  /admin/v2/brokers/{cluster}/{broker}/ownedNamespaces
+    GET  /admin/v2/loadbalancer/channel                the extensible load manager's channel as this broker
+                                                       sees it: {"broker", "leader", "last_applied", "records"}
                                                        {"t/ns/{bundle}": {"broker_assignment", "is_active",
                                                         "is_controlled"}} of that broker ({broker}:
                                                         host:http_port, host:port or node name)
@@ -200,6 +202,13 @@ class AdminHttpServer(HttpServer):
         elif s == ["admin", "v2", "broker-stats", "load-report"]:
             _allow(req, "the load report", "GET")
             return Response(200, self.service.load_manager.load_report())
+        elif s == ["admin", "v2", "loadbalancer", "channel"]:
+            _allow(req, "the service-unit state channel", "GET")
+            snapshot = getattr(self.service.load_manager, "channel_snapshot", None)
+            if snapshot is None:
+                raise HttpError(404, f"this broker runs the {self.service.load_manager.name} load manager, "
+                                     "which has no service-unit state channel (--load-manager extensible)")
+            return Response(200, snapshot())
         elif s[:3] == ["admin", "v2", "namespaces"] and len(s) >= 4:
             return await self._namespaces(req, s[3:])
         elif s[:3] == ["admin", "v2", "schemas"] and len(s) >= 7:
@@ -773,7 +782,13 @@ class AdminHttpServer(HttpServer):
         data = decode_json_object(got[0] if got else b"")
         topics = [t for t in await self._namespace_topics(namespace)
                   if self.service.ownership.bundle(t) == bundle]
-        return {"bundle": str(bundle), "range": bundle.range_name, "owner": data.get("broker"),
+        owner = data.get("broker")
+        if owner is None and not got:       # no lock: ownership kept elsewhere (the extensible load manager)
+            owner = await _zk(self.service.ownership.owner(bundle))
+            if owner is not None:
+                url = f"pulsar://{owner}"
+                data = {"service_url": url, "web_url": await self.web_url_of(url)}
+        return {"bundle": str(bundle), "range": bundle.range_name, "owner": owner,
                 "brokerUrl": data.get("service_url"), "httpUrl": data.get("web_url"),
                 "brokerName": data.get("name"), "topics": topics}
 

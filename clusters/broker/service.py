@@ -88,7 +88,14 @@ class BrokerService:
         return self
 
     async def stop(self) -> None:
-        """Graceful shutdown: close topics (their ledgers), release bundles, disconnect."""
+        """Graceful shutdown: close topics (their ledgers), release bundles, disconnect. A load manager
+        that moves its bundles away itself (`stops_before_topics`) stops first, while they are served."""
+        early = getattr(self.load_manager, "stops_before_topics", False)
+        if early:
+            try:
+                await self.load_manager.stop()
+            except Exception as e:
+                log.warning("stopping the load manager: %s", e)
         if self.server is not None:
             self.server.close()
         if self._rate_task is not None:
@@ -101,7 +108,8 @@ class BrokerService:
             await self._unload_topic(name)
         await self.non_persistent.close_all()
         try:
-            await self.load_manager.stop()          # gives up the bundles, as disableBroker does
+            if not early:
+                await self.load_manager.stop()      # gives up the bundles, as disableBroker does
         except Exception as e:
             log.warning("stopping the load manager: %s", e)
         for cnx in list(self.connections):

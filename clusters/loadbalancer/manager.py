@@ -1,6 +1,7 @@
 """The load managers a broker can run: `--load-manager` (Pulsar's `loadManagerClassName`) names an entry
 of LOAD_MANAGERS, each meeting api.LoadManager: `modular` (`ModularLoadManagerImpl`, Pulsar's default;
-ownership by ZooKeeper locks, zk_ownership.py). The default is written once, as clusters/config.py's
+ownership by ZooKeeper locks, zk_ownership.py) and `extensible` (`ExtensibleLoadManagerImpl`, PIP-192;
+ownership by the service-unit state channel, channel_ownership.py; extensible_manager.py). The default is written once, as clusters/config.py's
 DEFAULT_LOAD_MANAGER.
 """
 from __future__ import annotations
@@ -17,8 +18,14 @@ def _modular() -> Any:
     return ModularLoadManager
 
 
+def _extensible() -> Any:
+    from clusters.loadbalancer.extensible_manager import ExtensibleLoadManager
+    return ExtensibleLoadManager
+
+
 LOAD_MANAGERS: Registry = Registry("load manager")
 LOAD_MANAGERS.register("modular", _modular)
+LOAD_MANAGERS.register("extensible", _extensible)
 
 
 def create(name: str | None, service: BrokerServices) -> LoadManager:

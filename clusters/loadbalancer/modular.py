@@ -22,32 +22,26 @@ import json
 import logging
 import random
 import time
-from collections import deque
 from typing import Any
 
 from clusters.httpd import http_request
-from clusters.loadbalancer import splitting
-from clusters.loadbalancer.bundles import Bundle, BundleError, parse_range
+from clusters.loadbalancer.bundles import Bundle, parse_range
 from clusters.loadbalancer.api import Assignment, Route, UnloadRefused
-from clusters.loadbalancer.data import LocalBrokerData, NamespaceBundleStats, ResourceUsage, need_broker_data_update
+from clusters.loadbalancer.data import LocalBrokerData, ResourceUsage, need_broker_data_update
 from clusters.loadbalancer.modular_leader import ModularLeader
 from clusters.loadbalancer.settings import LoadBalancerSettings
+from clusters.loadbalancer.shared import DecisionLog, LeaderElection, bundle_stats, now_ms as _now_ms, split_cuts
 from clusters.loadbalancer.signals import HostUsage
 from clusters.loadbalancer.zk_ownership import ZkOwnership
 from clusters.metadata.brokers import BROKERS_PATH, BrokerRegistry
 from clusters.metadata.store import NodeExists, NoNode
 
 log = logging.getLogger(__name__)
-decisions_log = logging.getLogger("lb")
 
 LEADER_PATH = "/loadbalance/leader"                       # LeaderElectionService.ELECTION_ROOT
 BUNDLE_DATA_ROOT = "/loadbalance/bundle-data"              # LoadBalanceResources.BUNDLE_DATA_BASE_PATH
 TIME_AVERAGE_ROOT = "/loadbalance/broker-time-average"     # ... BROKER_TIME_AVERAGE_BASE_PATH
 CLASS_NAME = "org.apache.pulsar.broker.loadbalance.impl.ModularLoadManagerImpl"
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class ModularLoadManager:
@@ -67,17 +61,17 @@ class ModularLoadManager:
         self.ownership.assign = self.assign
         self.usage = HostUsage(service.io, cpu_cores=cfg.cpu_cores, memory_limit_mb=cfg.memory_limit_mb,
                                nic_speed_gbps=self.settings.loadBalancerOverrideBrokerNicSpeedGbps or cfg.nic_speed_gbps)
-        self._leader: dict[str, Any] | None = None
-        self._is_leader = False
+        # the leader election (shared.py), and the decision log naming the leader this broker knows
+        self.election = LeaderElection(self.store, LEADER_PATH, self.broker_id, cfg.web_url, self._on_leader_change)
         self._written: Any = None                 # a copy of the LocalBrokerData last written
         self._local: Any = None                   # this broker's LocalBrokerData, updated in place
         self._tasks: list[asyncio.Task] = []
-        self._elect_lock = asyncio.Lock()
         self._stopped = False
-        # this process's start (ms): the grace period is this process's memory (Pulsar's LoadData), so
-        # its events name it and the ownership checker compares unloads of one incarnation only
-        self.incarnation = _now_ms()
-        self.decisions: deque[dict[str, Any]] = deque(maxlen=500)
+        # the incarnation is this process's start (ms): the grace period is this process's memory (Pulsar's
+        # LoadData), so its events name it and the ownership checker compares unloads of one incarnation only
+        self.events = DecisionLog(self.broker_id, lambda: self.election.leader_id())
+        self.incarnation = self.events.incarnation
+        self.decisions = self.events.decisions
         self.counters = {"unload_broker": 0, "unload_bundle": 0, "split": 0, "assign": 0}
         # bug knobs (clusters/bugs.py): the broker's, seen as the load balancer's; the leader's decisions,
         # I/O-free (modular_leader.py)
@@ -91,8 +85,7 @@ class ModularLoadManager:
         await self.ownership.start()
         self.store.add_listener(self._on_session)
         await self._register()
-        await self._elect()
-        self._watch_leader()
+        await self.election.start()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._report_loop(), name="lb-report"),
                        loop.create_task(self._leader_loop(), name="lb-leader")]
@@ -106,14 +99,13 @@ class ModularLoadManager:
                 await t
             except (asyncio.CancelledError, Exception):  # noqa: BLE001
                 pass
-        for path in (LEADER_PATH, self.path):
-            try:
-                got = await self.store.get_or_none(path)
-                if got is not None and (path == self.path or self._is_leader):
-                    await self.store.delete(path, version=got[1])
-            except Exception:  # noqa: BLE001 - the session's end removes them anyway
-                pass
-        self._is_leader = False
+        await self.election.leave()
+        try:
+            got = await self.store.get_or_none(self.path)
+            if got is not None:
+                await self.store.delete(self.path, version=got[1])
+        except Exception:  # noqa: BLE001 - the session's end removes it anyway
+            pass
         try:
             await self.ownership.release_all()
         except Exception as e:  # noqa: BLE001 - the session's end removes the locks anyway
@@ -126,7 +118,7 @@ class ModularLoadManager:
     async def _after_reconnect(self) -> None:
         try:
             await self._register()
-            await self._elect()
+            await self.election.elect()
         except Exception as e:  # noqa: BLE001
             log.warning("re-registering after a new ZooKeeper session: %s", e)
 
@@ -144,22 +136,7 @@ class ModularLoadManager:
         if self._local is None:
             self._local = LocalBrokerData(webServiceUrl=self.cfg.web_url, pulsarServiceUrl=self.cfg.service_url,
                                           loadManagerClassName=CLASS_NAME)
-        stats: dict[str, Any] = {str(b): NamespaceBundleStats() for b in self.ownership.owned}
-        for name, t in list(svc.topics.items()):
-            try:
-                bundle = str(self.ownership.bundle(name))
-            except ValueError:
-                continue
-            s = stats.setdefault(bundle, NamespaceBundleStats())
-            rin, bin_ = svc.rate("in", name)
-            rout, bout = svc.rate("out", name)
-            s.msgRateIn += rin
-            s.msgThroughputIn += bin_
-            s.msgRateOut += rout
-            s.msgThroughputOut += bout
-            s.topics += 1
-            s.producerCount += len(t.producers)
-            s.consumerCount += sum(len(sub.consumers) for sub in t.subscriptions.values())
+        stats = bundle_stats(svc, self.ownership)
         u = self.usage.latest
 
         def ru(kind: str) -> Any:
@@ -234,83 +211,26 @@ class ModularLoadManager:
 
     # -- leader election ----------------------------------------------------------------------
     def is_leader(self) -> bool:
-        return self._is_leader
+        return self.election.is_leader
+
+    @property
+    def _is_leader(self) -> bool:
+        return self.election.is_leader
+
+    @property
+    def _leader(self) -> dict[str, Any] | None:
+        return self.election.current
 
     async def leader(self) -> dict[str, Any] | None:
-        got = await self.store.get_or_none(LEADER_PATH)
-        if got is None:
-            return None
-        try:
-            doc = json.loads(got[0])
-        except ValueError:
-            return None
-        return doc if isinstance(doc, dict) else None
+        return await self.election.read()
 
-    def _leader_value(self) -> bytes:
-        return json.dumps({"brokerId": self.broker_id, "serviceUrl": self.cfg.web_url}).encode()
-
-    async def _elect(self) -> None:
-        """Take /loadbalance/leader if it is free; a value of ours held by an old session of this
-        broker is replaced (as the coordination service's LeaderElectionImpl does)."""
-        async with self._elect_lock:
-            if self._stopped:
-                return
-            try:
-                await self.store.create(LEADER_PATH, self._leader_value(), ephemeral=True, makepath=True)
-                self._become(True)
-                return
-            except NodeExists:
-                pass
-            got = await self.store.get_or_none(LEADER_PATH)
-            if got is None:
-                return                       # gone meanwhile: the watch elects again
-            doc = json.loads(got[0] or b"{}") if got[0] else {}
-            if doc.get("brokerId") == self.broker_id:
-                if await self.store.owner_session(LEADER_PATH) == self.store.session_id:
-                    self._become(True)
-                    return
-                try:
-                    await self.store.delete(LEADER_PATH, version=got[1])
-                    await self.store.create(LEADER_PATH, self._leader_value(), ephemeral=True)
-                    self._become(True)
-                    return
-                except Exception:  # noqa: BLE001 - someone else won
-                    pass
-            self._leader = doc
-            self._become(False)
-
-    def _become(self, leader: bool) -> None:
-        if leader != self._is_leader:
-            self._event("leader-change", elected=leader)
-            if leader:
-                self.lead.forget()
-        self._is_leader = leader
-        if leader:
-            self._leader = {"brokerId": self.broker_id, "serviceUrl": self.cfg.web_url}
-
-    def _watch_leader(self) -> None:
-        def on_data(data: bytes | None) -> None:
-            if self._stopped:
-                return
-            if data is None:
-                self._is_leader = False
-                self._leader = None
-                asyncio.get_running_loop().create_task(self._safe_elect())
-                return
-            try:
-                doc = json.loads(data)
-            except ValueError:
-                return
-            self._leader = doc if isinstance(doc, dict) else None
-            if self._leader and self._leader.get("brokerId") != self.broker_id and self._is_leader:
-                self._become(False)
-        self.store.watch_data(LEADER_PATH, on_data)
+    def _on_leader_change(self, elected: bool) -> None:
+        self._event("leader-change", elected=elected)
+        if elected:
+            self.lead.forget()
 
     async def _safe_elect(self) -> None:
-        try:
-            await self._elect()
-        except Exception as e:  # noqa: BLE001
-            log.warning("leader election: %s", e)
+        await self.election.safe_elect()
 
     # -- the brokers ---------------------------------------------------------------------------
     async def registration(self, broker_id: str) -> dict[str, Any] | None:
@@ -467,25 +387,7 @@ class ModularLoadManager:
     async def split(self, bundle: Bundle, algorithm: str | None, positions: list[int] | None,
                     unload: bool) -> list[Bundle]:
         svc = self.service
-        algo = algorithm or self.settings.defaultNamespaceBundleSplitAlgorithm
-        if algo not in self.settings.supportedNamespaceBundleSplitAlgorithms:
-            raise BundleError(f"unsupported split algorithm {algo!r}; use one of "
-                              f"{', '.join(self.settings.supportedNamespaceBundleSplitAlgorithms)}")
-        topics = [t for t in await svc.topics_of_namespace(bundle.namespace)
-                  if bundle.contains(splitting.topic_hash(t))]
-        loads = {}
-        for t in topics:
-            rin, bin_ = svc.rate("in", t)
-            rout, bout = svc.rate("out", t)
-            loads[t] = splitting.TopicLoad(msgRateIn=rin, msgRateOut=rout, msgThroughputIn=bin_,
-                                           msgThroughputOut=bout) if t in svc.topics else None
-        try:
-            cuts = splitting.split_boundaries(algo, bundle.lower, bundle.upper, self.settings, topics=topics,
-                                              topic_loads=loads, positions=positions)
-        except ValueError as e:
-            raise BundleError(str(e)) from None
-        if not cuts:
-            raise BundleError(f"{algo} finds no split position in {bundle} ({len(topics)} topics)")
+        algo, cuts = await split_cuts(svc, self.settings, bundle, algorithm, positions)
         children = await self.ownership.split(bundle, list(cuts))
         self._event("split", bundle=str(bundle), children=[c.range_name for c in children], algorithm=algo,
                     unload=unload, source=self.broker_id)
@@ -497,14 +399,5 @@ class ModularLoadManager:
 
     # -- the decision log ------------------------------------------------------------------------------
     def _event(self, event: str, **fields: Any) -> None:
-        """One decision, as an `LB_EVENT {json}` line of the broker's log (harness/lb_events.py reads
-        them), kept in `decisions` too. `mono_ns` is CLOCK_MONOTONIC, shared by every process of one
-        machine and left alone by libfaketime."""
-        doc = {"event": event, "mono_ns": time.monotonic_ns(), "wall_ms": _now_ms(), "broker": self.broker_id,
-               "leader": (self._leader or {}).get("brokerId"), "incarnation": self.incarnation, **fields}
-        self.decisions.append(doc)
-        try:
-            decisions_log.info("LB_EVENT %s", json.dumps(doc, sort_keys=True, default=str))
-        except (TypeError, ValueError):
-            decisions_log.info("LB_EVENT %s", json.dumps({k: str(v) for k, v in doc.items()}))
-
+        """One decision, as an `LB_EVENT {json}` line of the broker's log (shared.DecisionLog)."""
+        self.events.event(event, **fields)

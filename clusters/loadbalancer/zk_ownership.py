@@ -27,6 +27,25 @@ log = logging.getLogger(__name__)
 BUNDLE_SPLIT_RETRY_LIMIT = 7            # NamespaceService.BUNDLE_SPLIT_RETRY_LIMIT
 
 
+async def split_plan(store: MetadataStore, factory: BundleFactory, bundle: Bundle, cuts: list[int]
+                     ) -> tuple[NamespaceBundles, list[int], list[Bundle], bytes] | None:
+    """A split of `bundle` at `cuts` in its namespace's local policies, as read now: (the boundaries
+    read, with their znode version; the new boundaries; the children; the new local policies JSON, their
+    other fields kept). None when the local policies were never written (they are now, from the
+    namespace's policies: read again). BundleError when `bundle` is not one of the boundaries read."""
+    got = await store.get_or_none(local_policies_path(bundle.namespace))
+    if got is None:
+        await factory.load(bundle.namespace)
+        return None
+    body = decode_json_object(got[0])
+    nb = NamespaceBundles(bundle.namespace, parse_bundles_data(body.get("bundles")), got[1])
+    bounds = nb.with_split(bundle, cuts)
+    children = [b for b in NamespaceBundles(bundle.namespace, bounds).bundles
+                if bundle.lower <= b.lower and b.upper <= bundle.upper]
+    body["bundles"] = bundles_data(bounds)
+    return nb, bounds, children, json.dumps(body, sort_keys=True).encode()
+
+
 class ZkOwnership:
     """This broker's view and control of bundle ownership through ZooKeeper locks (the `Ownership`
     protocol of manager.py)."""
@@ -213,17 +232,10 @@ class ZkOwnership:
             raise BundleError(f"{bundle} is not owned by this broker")
         path = local_policies_path(bundle.namespace)
         for _ in range(BUNDLE_SPLIT_RETRY_LIMIT):
-            got = await self.store.get_or_none(path)
-            if got is None:                       # never read yet: written from the namespace's policies
-                await self.factory.load(bundle.namespace)
+            plan = await split_plan(self.store, self.factory, bundle, cuts)
+            if plan is None:                      # never read yet: written from the namespace's policies
                 continue
-            body = decode_json_object(got[0])     # the local policies, their other fields kept
-            nb = NamespaceBundles(bundle.namespace, parse_bundles_data(body.get("bundles")), got[1])
-            bounds = nb.with_split(bundle, cuts)
-            children = [b for b in NamespaceBundles(bundle.namespace, bounds).bundles
-                        if bundle.lower <= b.lower and b.upper <= bundle.upper]
-            body["bundles"] = bundles_data(bounds)
-            data = json.dumps(body, sort_keys=True).encode()
+            nb, bounds, children, data = plan
             lock = await self.store.get_or_none(bundle.path)
             if lock is None or self.me != json.loads(lock[0] or b"{}").get("broker"):
                 self.owned.discard(bundle)

@@ -8,10 +8,14 @@ load manager's `persistent://pulsar/system/loadbalancer-service-unit-state` and
     mid = await producer.send(b"payload", key="k")          # MessageId(ledger, entry, partition, batch)
     reader = await client.create_reader(topic, start="earliest")
     async for mid, key, payload in reader: ...               # or: await reader.read_next(timeout)
+    last = await reader.last_message_id()                   # GET_LAST_MESSAGE_ID
     await client.close()
 
 What it does, over clusters/protocol/frames.py and PulsarApi_pb2:
-- connect + handshake (CONNECT/CONNECTED), PING answered; one connection per broker, shared.
+- connect + handshake (CONNECT/CONNECTED), PING answered; one connection per broker, shared. Keep-alive
+  as the official client's keepAliveIntervalSeconds: a connection silent for `keepalive_interval` is
+  PINGed; silent for twice that, it is closed as lost (a crashed broker, or a partition, sends no FIN),
+  and its producers and readers reconnect.
 - lookup (LOOKUP) from the service URL, following Redirect answers (with the authoritative flag the
   answer carries) to the owner, at most MAX_LOOKUP_REDIRECTS hops; Failed with a retriable error
   (ServiceNotReady, TooManyRequests) is retried with backoff within the operation timeout.
@@ -114,6 +118,32 @@ def _parse_url(url: str) -> tuple[str, int]:
     return host, int(port)
 
 
+async def _bounded(coro: Any, timeout: float, what: str) -> Any:
+    """`coro`'s result, or ClientTimeout after `timeout` s: the attempt is cancelled and abandoned, not
+    awaited (whatever it waits for, the caller goes on); where it was stuck is logged."""
+    task = asyncio.ensure_future(coro)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    except asyncio.CancelledError:
+        task.cancel()                  # the caller gave up (a close): so does the attempt
+        raise
+    if not done:
+        stack = " <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in reversed(task.get_stack(limit=8)))
+        task.cancel()
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())      # retrieved: no warning
+        log.warning("%s: no outcome within %.1f s, abandoned (at %s)", what, timeout, stack or "?")
+        raise ClientTimeout(f"{what}: no outcome within {timeout:.1f} s")
+    return task.result()
+
+
+def _close_abandoned(attempt: "asyncio.Future") -> None:
+    """A connect given up at its timeout that completed after all: close what it opened."""
+    if attempt.cancelled() or attempt.exception() is not None:
+        return
+    _, writer = attempt.result()
+    writer.close()
+
+
 class _Connection:
     """One TCP connection to a broker: requests matched to answers by request id, and the producers
     and consumers registered on it fed their receipts and messages."""
@@ -131,6 +161,8 @@ class _Connection:
         self.error: PulsarClientError | None = None
         self.max_message_size = frames.DEFAULT_MAX_MESSAGE_SIZE
         self._task: asyncio.Task | None = None
+        self._keepalive: asyncio.Task | None = None
+        self.last_read = time.monotonic()
         self._backlog: list[tuple[pb.BaseCommand, bytes | None]] = []   # frames read with CONNECTED
 
     def __repr__(self) -> str:
@@ -138,11 +170,16 @@ class _Connection:
 
     async def open(self) -> None:
         timeout = self.client.connect_timeout
+        # not wait_for: a connect to an address that stopped answering (a crashed host) can outlive its
+        # cancellation by the kernel's SYN retries; the attempt is abandoned at the timeout instead
+        attempt = asyncio.ensure_future(asyncio.open_connection(self.host, self.port))
+        done, _ = await asyncio.wait({attempt}, timeout=timeout)
+        if not done:
+            attempt.cancel()
+            attempt.add_done_callback(_close_abandoned)
+            raise ClientTimeout(f"connecting to {self.host}:{self.port}: no answer within {timeout} s")
         try:
-            self.reader, self.writer = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.port), timeout)
-        except asyncio.TimeoutError:
-            raise ClientTimeout(f"connecting to {self.host}:{self.port}: no answer within {timeout} s") from None
+            self.reader, self.writer = attempt.result()
         except OSError as e:
             raise ConnectionClosed(f"connecting to {self.host}:{self.port}: {e}") from None
         c = T(type=T.CONNECT)
@@ -157,6 +194,9 @@ class _Connection:
         except PulsarClientError as e:
             self._shutdown(e)
             raise
+        except OSError as e:               # reset during the handshake (a broker going down)
+            self._shutdown(ConnectionClosed(f"{self.host}:{self.port}: connection lost during the handshake: {e}"))
+            raise self.error from None  # type: ignore[misc]
         if cmd.type == T.ERROR:
             e = ServerError(cmd.error.error, cmd.error.message, f"handshake with {self.host}:{self.port}")
             self._shutdown(e)
@@ -167,7 +207,27 @@ class _Connection:
             raise e
         if cmd.connected.HasField("max_message_size"):
             self.max_message_size = cmd.connected.max_message_size
+        self.last_read = time.monotonic()
         self._task = asyncio.get_running_loop().create_task(self._read_loop())
+        if self.client.keepalive_interval > 0:
+            self._keepalive = asyncio.get_running_loop().create_task(self._keepalive_loop())
+
+    async def _keepalive_loop(self) -> None:
+        interval = self.client.keepalive_interval
+        ping = T(type=T.PING)
+        ping.ping.SetInParent()
+        while not self.closed:
+            await asyncio.sleep(interval / 2)
+            silent = time.monotonic() - self.last_read
+            if silent > 2 * interval:
+                self._shutdown(ConnectionClosed(f"connection to {self.host}:{self.port} lost: nothing received "
+                                                f"for {silent:.1f} s (keep-alive {interval} s)"))
+                return
+            if silent > interval:
+                try:
+                    self._write(frames.encode_command(ping))
+                except ConnectionClosed:
+                    return
 
     async def _first_command(self) -> pb.BaseCommand:
         assert self.reader is not None
@@ -194,6 +254,7 @@ class _Connection:
                 data = await self.reader.read(262144)
                 if not data:
                     break
+                self.last_read = time.monotonic()
                 for cmd, payload in self.decoder.feed(data):
                     self._dispatch(cmd, payload)
         except frames.ProtocolError as e:
@@ -290,6 +351,8 @@ class _Connection:
             return
         self.closed = True
         self.error = err
+        if self._keepalive is not None and self._keepalive is not asyncio.current_task():
+            self._keepalive.cancel()
         if self.writer is not None:
             try:
                 self.writer.close()
@@ -319,8 +382,11 @@ class _Connection:
 
 class PulsarClient:
     def __init__(self, service_url: str, *, operation_timeout: float = 30.0, connect_timeout: float = 5.0,
-                 reconnect_timeout: float = 60.0):
+                 reconnect_timeout: float = 60.0, keepalive_interval: float = 30.0):
         self.service_url = service_url
+        self.keepalive_interval = keepalive_interval      # keepAliveIntervalSeconds; 0: none
+        # one attempt to attach a producer or reader: a lookup, a connection, the request
+        self.attempt_timeout = 2 * operation_timeout + 2 * connect_timeout
         self.service = _parse_url(service_url)
         self.operation_timeout = operation_timeout
         self.connect_timeout = connect_timeout
@@ -364,6 +430,13 @@ class PulsarClient:
         while True:
             try:
                 return await self._lookup_once(topic, deadline)
+            except OSError as e:
+                last_os = ConnectionClosed(f"lookup of {topic}: {type(e).__name__}: {e}")
+                if time.monotonic() + delay > deadline:
+                    raise last_os from None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
             except (ServerError, ConnectionClosed, ClientTimeout) as e:
                 if isinstance(e, ServerError) and not e.retriable:
                     raise
@@ -404,7 +477,7 @@ class PulsarClient:
     async def create_producer(self, topic: str, *, name: str | None = None,
                               send_timeout: float = 30.0) -> "Producer":
         p = Producer(self, topic, name, send_timeout)
-        await p._connect(first=True)
+        await _bounded(p._connect(first=True), self.attempt_timeout, f"creating a producer on {topic}")
         self._handles.add(p)
         return p
 
@@ -415,7 +488,7 @@ class PulsarClient:
         if receiver_queue_size < 1:
             raise PulsarClientError(f"invalid receiver_queue_size {receiver_queue_size}: at least 1")
         r = Reader(self, topic, start, receiver_queue_size)
-        await r._connect(first=True)
+        await _bounded(r._connect(first=True), self.attempt_timeout, f"creating a reader on {topic}")
         self._handles.add(r)
         return r
 
@@ -455,10 +528,14 @@ class _Handle:
         deadline = time.monotonic() + self.client.reconnect_timeout
         delay = 0.1
         last: Exception | str = why
+        attempt = 0
         while not self.closed and self.conn is None:
+            attempt += 1
+            started = time.monotonic()
             try:
-                await self._connect(first=False)
+                await _bounded(self._connect(first=False), self.client.attempt_timeout, f"{self}: reconnecting")
                 self.reconnects += 1
+                log.info("%s: reconnected (attempt %d)", self, attempt)
                 return
             except ServerError as e:
                 last = e
@@ -466,6 +543,10 @@ class _Handle:
                     break
             except PulsarClientError as e:
                 last = e
+            except Exception as e:  # noqa: BLE001 - whatever an attempt raises, the loop goes on
+                last = ConnectionClosed(f"{type(e).__name__}: {e}")
+            log.info("%s: reconnect attempt %d failed after %.1f s: %s", self, attempt, time.monotonic() - started,
+                     last)
             if time.monotonic() + delay > deadline:
                 break
             await asyncio.sleep(delay)
@@ -741,6 +822,21 @@ class Reader(_Handle):
             self._flow(self._taken)
             self._taken = 0
         return item
+
+    async def last_message_id(self) -> MessageId:
+        """GET_LAST_MESSAGE_ID: the id of the topic's last message now ((ledger, -1) or below when it
+        has none)."""
+        conn = self.conn
+        if conn is None or conn.closed:
+            raise ConnectionClosed(f"{self}: not connected")
+        rid = self.client.next_id()
+        cmd = T(type=T.GET_LAST_MESSAGE_ID)
+        cmd.getLastMessageId.consumer_id = self.id
+        cmd.getLastMessageId.request_id = rid
+        got = (await conn.request(cmd, rid, f"the last message id of {self.topic}")).getLastMessageIdResponse
+        m = got.last_message_id
+        return MessageId(frames.to_signed64(m.ledgerId), frames.to_signed64(m.entryId), m.partition,
+                         m.batch_index if m.HasField("batch_index") else -1)
 
     def __aiter__(self) -> "Reader":
         return self

@@ -140,6 +140,63 @@ def test_a_refusal_is_a_server_error_naming_the_code():
     run(go())
 
 
+def test_keep_alive_closes_a_silent_connection_and_keeps_one_that_answers_pings():
+    """A broker that crashed or is cut off sends no FIN: the keep-alive PINGs a silent connection and
+    gives it up after twice the interval; a broker that answers the PINGs keeps it."""
+    def answer(pong: bool):
+        def reply(seen):
+            cmd = seen[-1]
+            if cmd.type == T.CONNECT:
+                return connected()
+            if cmd.type == T.PING and pong:
+                p = T(type=T.PONG)
+                p.pong.SetInParent()
+                return frames.encode_command(p)
+            return None
+        return reply
+
+    async def go(pong: bool) -> tuple[bool, str, bool]:
+        server, port = await fake_server(answer(pong))
+        client = PulsarClient(f"pulsar://127.0.0.1:{port}", operation_timeout=3, keepalive_interval=0.2)
+        try:
+            conn = await client.connection("127.0.0.1", port)
+            await asyncio.sleep(1.0)                       # five intervals
+            return conn.closed, str(conn.error or ""), conn in client._conns.values()
+        finally:
+            await client.close()
+            server.close()
+    closed, why, kept = run(go(pong=False))
+    assert closed and "nothing received" in why and not kept
+    closed, why, kept = run(go(pong=True))
+    assert not closed and kept, why
+
+
+def test_a_reset_during_the_handshake_is_a_client_error_not_an_oserror():
+    """A broker going down resets the connection in the middle of the handshake: the client's own error
+    (which its lookup and reconnect loops retry), never a bare OSError that would end those loops."""
+    import socket
+    import struct
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(65536)                                  # the CONNECT
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()                                  # RST
+
+    async def go():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = PulsarClient(f"pulsar://127.0.0.1:{port}", operation_timeout=1)
+        try:
+            with pytest.raises(PulsarClientError) as e:
+                await client.create_producer("persistent://public/default/x")
+            assert not isinstance(e.value, OSError)
+        finally:
+            await client.close()
+            server.close()
+    run(go())
+
+
 def test_bad_arguments_are_refused():
     with pytest.raises(PulsarClientError, match="invalid service URL"):
         PulsarClient("nonsense")
@@ -239,9 +296,13 @@ def test_write_keyed_messages_and_read_them_back_across_an_unload(broker):
             assert [g[0] for g in got] == ids
             with pytest.raises(ClientTimeout):
                 await r.read_next(0.5)
+            last = await r.last_message_id()             # GET_LAST_MESSAGE_ID: the last one written
+            assert (last.ledger_id, last.entry_id) == (ids[-1].ledger_id, ids[-1].entry_id)
             latest = await client.create_reader(topic, start="latest")
             mid = await p.send(b"tail")
             assert await latest.read_next(5) == (mid, None, b"tail")
+            last = await latest.last_message_id()
+            assert (last.ledger_id, last.entry_id) == (mid.ledger_id, mid.entry_id)
         finally:
             await client.close()
     run(go())

@@ -438,16 +438,21 @@ def test_override_in_flight_shapes():
     assert excluded_for_override(rel, "inactive-broker:b") == {"b"}
 
 
-def test_inactive_source_of_an_owned_record_counts_and_defers_timeouts():
+def test_a_dead_source_of_an_owned_record_does_not_block_timeouts_but_a_dead_owner_counts():
+    """Pulsar's newest monitorOwnerships: an Owned record depends on its owner only (a finished transfer's
+    dead source is not an inactive broker, which would defer every in-flight timeout while it stays
+    dead); an in-flight record on both of its brokers."""
     v = ChannelView()
     v.apply(KEY, _rec(S.Owned, "b", "a"))                       # a transferred it to b, then died
     v.apply(LEFT, _rec(S.Assigning, "b", None, ts=0))           # stuck in flight
     dec = monitor_ownerships(v, WAIT + 1, {"b"}, MetadataState.Stable, S60)
-    assert dec.inactive_brokers == ["a"] and dec.overrides == []          # a owns nothing; the timeout waits
-    dec = monitor_ownerships(v, WAIT + 1, {"a", "b"}, MetadataState.Stable, S60)
+    assert dec.inactive_brokers == []
     assert [(k, why) for k, _, why in dec.overrides] == [(LEFT, "in-flight-timeout")]
     recs = plan_overrides(dec, lambda key, excl: min({"a", "b"} - excl), {"a", "b"}, WAIT + 1)
     assert [(k, r.state, r.dstBroker, r.force) for k, r in recs] == [(LEFT, S.Owned, "a", True)]
+    dec = monitor_ownerships(v, WAIT + 1, {"a"}, MetadataState.Stable, S60)     # the owner b is dead
+    assert dec.inactive_brokers == ["b"]
+    assert sorted(k for k, _, _ in dec.overrides) == sorted([KEY, LEFT])
 
 
 def test_monitor_needs_active_brokers():

@@ -3,8 +3,8 @@
 `monitor_ownerships(view, now_ms, active_brokers, metadata_state, settings)` looks at every record,
 as the channel owner does every loadBalancerServiceUnitStateMonitorIntervalInSeconds, and only while
 its metadata session is Stable:
-- active records (Owned or in flight) whose sourceBroker or dstBroker (the non-blank ones) is not an
-  active broker: that broker is inactive and all its service units are cleaned up
+- an Owned record whose dstBroker, or an in-flight record whose sourceBroker or dstBroker (the non-blank
+  ones), is not an active broker: that broker is inactive and all its service units are cleaned up
   (`cleanup_targets`, overridden by `override_ownership`);
 - other in-flight records older than loadBalancerInFlightServiceUnitStateWaitingTimeInMillis
   (`now_ms - timestamp >` the wait): orphans, overridden by `override_in_flight` (only in a run that
@@ -71,8 +71,8 @@ def monitor_ownerships(view: ChannelView, now_ms: int, active_brokers: Iterable[
                        metadata_state: MetadataState, settings: LoadBalancerSettings, *,
                        is_channel_owner: bool = True) -> MonitorDecision:
     """One run of the monitor. Per record, the first rule that applies:
-    1. an active record (in flight or Owned) whose non-blank sourceBroker or dstBroker is not an
-       active broker: each such broker is inactive;
+    1. an Owned record whose dstBroker, or an in-flight record whose non-blank sourceBroker or
+       dstBroker, is not an active broker: each such broker is inactive;
     2. an in-flight record older than the waiting time: an orphan;
     3. a record not active (Free, Deleted) older than the tombstone delay: a tombstone.
     If any broker is inactive, the overrides are its `cleanup_targets` (the leader cleans up at once
@@ -93,9 +93,12 @@ def monitor_ownerships(view: ChannelView, now_ms: int, active_brokers: Iterable[
     for key, d in view.items():
         elapsed = now_ms - d.timestamp
         if is_active(d.state):
-            # every inactive broker the record names (a transfer's dead source must not hide a dead owner:
-            # the owner's bundles would never be cleaned up while the source stays dead)
-            gone = [b for b in (d.sourceBroker, d.dstBroker) if not is_blank(b) and b not in active]
+            # the inactive brokers the record depends on: an Owned record's owner (its dstBroker; the source
+            # of a finished transfer no longer matters, and flagging it on every run would block the
+            # in-flight overrides while it stays dead), both brokers of an in-flight record (Pulsar's
+            # newest monitorOwnerships); every one of them, so a dead source never hides a dead owner
+            named = (d.dstBroker,) if d.state == S.Owned else (d.sourceBroker, d.dstBroker)
+            gone = [b for b in named if not is_blank(b) and b not in active]
             for b in gone:
                 if b not in inactive:
                     inactive.append(b)
