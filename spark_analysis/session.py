@@ -182,12 +182,16 @@ def _pyspark_version() -> str:
 
 
 def shuffle_partitions_for(input_bytes: int, cores: int) -> int:
-    """Shuffle partitions for this much Parquet input: at least two per core (both cores busy, a
-    small campaign is not split into Spark's default 200 tiny tasks), one per ~32 MiB of compressed
-    Parquet (a few hundred MiB in memory per task) for big inputs, at most 800. Adaptive execution
+    """Shuffle partitions for this much Parquet input: one per ~32 MiB of compressed Parquet (a few
+    hundred MiB in memory per task) for big inputs, at most 800; at least two per core (both cores
+    busy) from 2 x cores x 4 MiB of input (16 MiB here), and fewer below: one per 4 MiB, so a handful of short
+    runs is one partition per shuffle (the job is hundreds of small stages: each extra partition is a
+    task per stage, and adaptive execution runs independent stages side by side, which keeps the cores
+    busy; 4 partitions took 22-30 s for 3 small runs on 2 cores, 1 took 15-16 s). Adaptive execution
     coalesces what turns out smaller."""
-    per = 32 << 20
-    return int(max(2 * max(1, cores), min(800, math.ceil(input_bytes / per))))
+    per, small = 32 << 20, 4 << 20
+    floor = min(2 * max(1, cores), max(1, math.ceil(input_bytes / small)))
+    return int(max(floor, min(800, math.ceil(input_bytes / per))))
 
 
 def driver_memory_for(input_bytes: int) -> str:

@@ -2,6 +2,8 @@
 as `analyze` builds its own), so that the Spark tests add one JVM start to `make test`, not one each."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from spark_analysis import session as spark_session
@@ -33,15 +35,22 @@ class KeepOpen:
         pass
 
 
-@pytest.fixture
-def shared_session_as_new(spark, monkeypatch):
-    """spark_session.start() returns the shared session (counted, as a real start is), so a test can
-    call analyze() without a session and count the sessions it starts."""
+@contextlib.contextmanager
+def counting_shared_session(spark):
+    """Within it, spark_session.start() returns the shared session (counted, as a real start is), so
+    analyze() can be called without a session and the sessions it starts counted (the list of calls)."""
     calls = []
 
     def fake_start(settings=None, input_bytes=0):
         calls.append(settings)
         spark_session.SESSIONS_STARTED += 1
         return KeepOpen(spark)
-    monkeypatch.setattr(spark_session, "start", fake_start)
-    return calls
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(spark_session, "start", fake_start)
+        yield calls
+
+
+@pytest.fixture
+def shared_session_as_new(spark):
+    with counting_shared_session(spark) as calls:
+        yield calls
