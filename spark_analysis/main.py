@@ -234,10 +234,13 @@ def _run(spark: Any, runs: list[Run], skipped: list[Skipped], out_dir: str, stor
     res = Result(out_dir=out_dir, runs=runs, skipped=skipped)
     t0 = [time.monotonic()]
 
-    def lap(name: str) -> None:
+    def lap(name: str, following: str | None = None) -> None:
         now = time.monotonic()
         res.phases[name] = round(now - t0[0], 1)
         t0[0] = now
+        if following and spark is not None:
+            # names the next phase's Spark jobs (the UI, the event log: bench/README's per-phase table)
+            spark.sparkContext.setJobDescription(f"analyze: {following}")
     out = Out(out_dir, spark)
     res.html = out.path("campaign.html")
     if not runs:
@@ -247,6 +250,7 @@ def _run(spark: Any, runs: list[Run], skipped: list[Skipped], out_dir: str, stor
         return res
     from spark_analysis import campaign, checks, inputs, perf
     cached: list[Any] = []
+    spark.sparkContext.setJobDescription("analyze: checks")
     if store_ is not None:
         # only the runs not analysed before are read; their per-run tables are stored, then the
         # tables of every run of this call are read back from the store
@@ -257,16 +261,18 @@ def _run(spark: Any, runs: list[Run], skipped: list[Skipped], out_dir: str, stor
             res.history_files_read = len(history.inputFiles())
             t = checks.prepare(spark, history, deliveries, todo)
             fresh = checks.anomalies(t)
-            lap("checks")
+            spark.sparkContext.setJobDescription("analyze: fault_timelines")
             p = perf.compute(spark, history, t.ops, todo)
+            spark.sparkContext.setJobDescription("analyze: checks_and_timelines_stored")
+            # the writes compute the anomalies and the fault-state tables of the new runs
             store_.write(spark, todo, fresh, t.stats, p)
             cached += [t.ops, t.msgs]
-            lap("fault_timelines")
+            lap("checks_and_timelines_stored", "anomalies_of_every_run")
         back = store_.read(spark, runs)
         back.anomalies.write.mode("overwrite").parquet(out.path("anomalies.parquet"))
         anomalies = spark.read.parquet(out.path("anomalies.parquet"))
         stats, p = back.stats, back.perf
-        lap("reused_tables")
+        lap("anomalies_of_every_run", "campaign_tables")
     else:
         history, deliveries = inputs.load_tables(spark, runs)
         res.history_files_read = len(history.inputFiles())
@@ -274,11 +280,11 @@ def _run(spark: Any, runs: list[Run], skipped: list[Skipped], out_dir: str, stor
         anomalies = checks.anomalies(t)
         anomalies.write.mode("overwrite").parquet(out.path("anomalies.parquet"))
         anomalies = spark.read.parquet(out.path("anomalies.parquet"))
-        lap("checks")
+        lap("checks", "fault_timelines")
         p = perf.compute(spark, history, t.ops, runs)
         cached += [t.ops, t.msgs]
         stats = t.stats
-        lap("fault_timelines")
+        lap("fault_timelines", "campaign_tables")
     p.ops = p.ops.persist()
     p.gaps = p.gaps.persist()
     cached += [p.ops, p.gaps]
@@ -287,7 +293,7 @@ def _run(spark: Any, runs: list[Run], skipped: list[Skipped], out_dir: str, stor
     small = {name: df.toPandas() for name, df in c.tables().items()}
     for name, pdf in small.items():
         _write_small(spark, out, name, pdf, c.tables()[name].schema)
-    lap("campaign_tables")
+    lap("campaign_tables", "page")
     # the anomaly evidence shown on the page: the first few per (run, checker, type)
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -299,6 +305,7 @@ def _run(spark: Any, runs: list[Run], skipped: list[Skipped], out_dir: str, stor
         df.unpersist()
     out.write_text("campaign.html", campaign_page.page(res, Path(out_dir) if out.local else None))
     lap("page")
+    spark.sparkContext.setJobDescription(None)
     return res
 
 
