@@ -72,7 +72,8 @@ def real_runs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def analysed(real_runs, spark, tmp_path_factory):
     results, made = real_runs
-    res = analysis.analyze([str(results)], str(tmp_path_factory.mktemp("real-out")), spark=spark, echo=None)
+    res = analysis.analyze([str(results)], str(tmp_path_factory.mktemp("real-out")), spark=spark, echo=None,
+                           reuse=False)       # the store's path is tested equal to this one in test_reuse.py
     rows = [r.asDict(recursive=True) for r in spark.read.parquet(f"{res.out_dir}/anomalies.parquet").collect()]
     return res, rows
 
