@@ -46,6 +46,7 @@ class Options:
     max_hours: float | None = None
     shard: str | None = None
     analyze: bool = True
+    analyze_master: str | None = None     # `analyze --master`: a Spark cluster instead of local mode
 
 
 def _now_stamp() -> str:
@@ -336,10 +337,13 @@ class CampaignRun:
         if importlib.util.find_spec("pyspark") is None or shutil.which("java") is None:
             self._line("analysis skipped: Spark (pyspark) or Java is not installed (`make setup` installs both)")
             return None
-        self._line("analysing the runs with Spark ...")
+        master = self.opts.analyze_master
+        self._line(f"analysing the runs with Spark{f' on {master}' if master else ''} ...")
+        cmd = [sys.executable, "-m", "harness.cli", "analyze", str(self.dir / "runs"), "--out", str(self.dir)]
+        if master:
+            cmd += ["--master", master]
         with open(self.dir / "logs" / "analyze.log", "ab") as log:
-            p = subprocess.run([sys.executable, "-m", "harness.cli", "analyze", str(self.dir / "runs"),
-                                "--out", str(self.dir)], stdout=log, stderr=subprocess.STDOUT)
+            p = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
         pages = sorted(self.dir.glob("analysis/*/campaign.html"))
         if p.returncode != 0 or not pages:
             self._line(f"warning: the analysis failed (exit {p.returncode}); see {self.dir / 'logs' / 'analyze.log'}")

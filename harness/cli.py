@@ -536,6 +536,9 @@ def _campaign_args(p: argparse.ArgumentParser) -> None:
                    help="start no run that would end after H hours (the rest are reported as not run)")
     p.add_argument("--shard", default=None, metavar="K/N", help="run only the K-th of N disjoint slices")
     p.add_argument("--no-analyze", action="store_true", help="do not end with `pulsar-chaos analyze`")
+    p.add_argument("--analyze-master", default=None, metavar="URL",
+                   help="run the closing analysis on this Spark master (spark://host:7077, yarn, k8s://...; "
+                        "default local mode); its executors must read the campaign folder (a shared filesystem)")
 
 
 @command("campaign", "run every combination of a campaign file one after another; campaign folder, summary, "
@@ -546,7 +549,7 @@ def _campaign(args: argparse.Namespace) -> int:
     from harness.campaign import CampaignError
     opts = campaign_run.Options(file=args.file, only=args.only, seeds=args.seeds, results_dir=args.results_dir,
                                 resume=args.resume, junit=args.junit, max_hours=args.max_hours, shard=args.shard,
-                                analyze=not args.no_analyze)
+                                analyze=not args.no_analyze, analyze_master=args.analyze_master)
     try:
         return campaign_run.run(opts)
     except (CampaignError, ClusterError) as e:

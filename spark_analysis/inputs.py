@@ -45,6 +45,7 @@ class Run:
     notes: list[str] = field(default_factory=list)
     num: int = -1                     # the run's number in Spark's tables (an int key is cheaper to
                                       # shuffle and sort than the run id; mapped back on output)
+    key: str = ""                     # its fingerprint in the store of per-run tables (reuse.run_key)
 
     # -------------------------------------------------------------------- derived, for the tables
     def _get(self, name: str, default: Any = None) -> Any:

@@ -44,6 +44,9 @@ class Result:
     driver_memory: str | None = None
     sessions_started: int = 0
     html: str = ""
+    runs_read: int | None = None        # runs whose histories this call read (None: no reuse, all of them)
+    runs_reused: int = 0                # runs whose stored per-run tables were reused (reuse.py)
+    history_files_read: int = 0         # history.parquet files in the job's read
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,6 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spark-ui", action="store_true", help="keep Spark's web UI on (off by default)")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="any other spark.* setting (repeatable)")
+    p.add_argument("--redo", action="store_true",
+                   help="analyse every run again (default: the per-run tables of earlier analyses under "
+                        "<out>/analysis/by-run/ are reused for the runs whose files have not changed)")
 
 
 def settings_from_args(args: argparse.Namespace) -> spark_session.Settings:
@@ -133,8 +139,11 @@ def new_out_dir(out: str) -> str:
 # ------------------------------------------------------------------------------------ the job
 
 def analyze(roots: list[str] | None = None, out: str = "results", settings: spark_session.Settings | None = None,
-            spark: Any = None, echo: TextIO | None = sys.stdout) -> Result:
+            spark: Any = None, echo: TextIO | None = sys.stdout, redo: bool = False, reuse: bool = True) -> Result:
     """Analyse every run under `roots` in one Spark session (started here unless `spark` is given).
+
+    With a local `out` and local run folders, the per-run tables of earlier analyses are reused
+    (reuse.py) unless `redo` (analyse all again, replacing them) or not `reuse` (no store at all).
 
     Raises InputError / spark_session.SparkUnavailable with one line naming the problem and the fix."""
     from spark_analysis import inputs
@@ -170,6 +179,11 @@ def analyze(roots: list[str] | None = None, out: str = "results", settings: spar
         if echo is not None:
             print_summary(res, echo)
         return res
+    store_ = None
+    if reuse and not has_scheme(out) and not any(has_scheme(r) for r in roots):
+        from spark_analysis import reuse as reuse_mod
+        store_ = reuse_mod.RunStore(out)
+    # every run's bytes, reused or not: the campaign tables are built from all of their per-run tables
     input_bytes = sum(r.history_bytes for r in runs)
     if spark is None:
         spark = spark_session.start(settings, input_bytes)
@@ -192,7 +206,7 @@ def analyze(roots: list[str] | None = None, out: str = "results", settings: spar
             spark_session.set_shuffle_partitions(spark, sum(r.history_bytes for r in runs) or 0)
         out_dir = new_out_dir(out)
         started_s = round(time.monotonic() - t0, 1)
-        res = _run(spark, runs, skipped, out_dir)
+        res = _run(spark, runs, skipped, out_dir, store_, redo)
         res.phases = {"discover_and_start": started_s, **res.phases}
         res.driver_memory = spark.sparkContext.getConf().get("spark.driver.memory", None)
     finally:
@@ -214,15 +228,19 @@ def _spark_version() -> str:
         return "?"
 
 
-def _run(spark: Any, runs: list[Run], skipped: list[Skipped], out_dir: str) -> Result:
+def _run(spark: Any, runs: list[Run], skipped: list[Skipped], out_dir: str, store_: Any = None,
+         redo: bool = False) -> Result:
     from spark_analysis import campaign_page
     res = Result(out_dir=out_dir, runs=runs, skipped=skipped)
     t0 = [time.monotonic()]
 
-    def lap(name: str) -> None:
+    def lap(name: str, following: str | None = None) -> None:
         now = time.monotonic()
         res.phases[name] = round(now - t0[0], 1)
         t0[0] = now
+        if following and spark is not None:
+            # names the next phase's Spark jobs (the UI, the event log: bench/README's per-phase table)
+            spark.sparkContext.setJobDescription(f"analyze: {following}")
     out = Out(out_dir, spark)
     res.html = out.path("campaign.html")
     if not runs:
@@ -231,22 +249,51 @@ def _run(spark: Any, runs: list[Run], skipped: list[Skipped], out_dir: str) -> R
         out.write_text("campaign.html", campaign_page.page(res, Path(out_dir) if out.local else None))
         return res
     from spark_analysis import campaign, checks, inputs, perf
-    history, deliveries = inputs.load_tables(spark, runs)
-    t = checks.prepare(spark, history, deliveries, runs)
-    anomalies = checks.anomalies(t)
-    anomalies.write.mode("overwrite").parquet(out.path("anomalies.parquet"))
-    anomalies = spark.read.parquet(out.path("anomalies.parquet"))
-    lap("checks")
-    p = perf.compute(spark, history, t.ops, runs)
+    cached: list[Any] = []
+    spark.sparkContext.setJobDescription("analyze: checks")
+    if store_ is not None:
+        # only the runs not analysed before are read; their per-run tables are stored, then the
+        # tables of every run of this call are read back from the store
+        todo, reused = store_.split(runs, redo)
+        res.runs_read, res.runs_reused = len(todo), len(reused)
+        if todo:
+            history, deliveries = inputs.load_tables(spark, todo)
+            res.history_files_read = len(history.inputFiles())
+            t = checks.prepare(spark, history, deliveries, todo)
+            fresh = checks.anomalies(t)
+            spark.sparkContext.setJobDescription("analyze: fault_timelines")
+            p = perf.compute(spark, history, t.ops, todo)
+            spark.sparkContext.setJobDescription("analyze: checks_and_timelines_stored")
+            # the writes compute the anomalies and the fault-state tables of the new runs
+            store_.write(spark, todo, fresh, t.stats, p)
+            cached += [t.ops, t.msgs]
+            lap("checks_and_timelines_stored", "anomalies_of_every_run")
+        back = store_.read(spark, runs)
+        back.anomalies.write.mode("overwrite").parquet(out.path("anomalies.parquet"))
+        anomalies = spark.read.parquet(out.path("anomalies.parquet"))
+        stats, p = back.stats, back.perf
+        lap("anomalies_of_every_run", "campaign_tables")
+    else:
+        history, deliveries = inputs.load_tables(spark, runs)
+        res.history_files_read = len(history.inputFiles())
+        t = checks.prepare(spark, history, deliveries, runs)
+        anomalies = checks.anomalies(t)
+        anomalies.write.mode("overwrite").parquet(out.path("anomalies.parquet"))
+        anomalies = spark.read.parquet(out.path("anomalies.parquet"))
+        lap("checks", "fault_timelines")
+        p = perf.compute(spark, history, t.ops, runs)
+        cached += [t.ops, t.msgs]
+        stats = t.stats
+        lap("fault_timelines", "campaign_tables")
     p.ops = p.ops.persist()
     p.gaps = p.gaps.persist()
-    lap("fault_timelines")
-    c = campaign.build(spark, runs, skipped, anomalies, t.stats, p)
+    cached += [p.ops, p.gaps]
+    c = campaign.build(spark, runs, skipped, anomalies, stats, p)
     # the campaign tables are small: collected once (Arrow), then written from the driver
     small = {name: df.toPandas() for name, df in c.tables().items()}
     for name, pdf in small.items():
         _write_small(spark, out, name, pdf, c.tables()[name].schema)
-    lap("campaign_tables")
+    lap("campaign_tables", "page")
     # the anomaly evidence shown on the page: the first few per (run, checker, type)
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -254,10 +301,11 @@ def _run(spark: Any, runs: list[Run], skipped: list[Skipped], out_dir: str) -> R
     small["anomaly_examples"] = (anomalies.withColumn("n", F.row_number().over(w)).where(F.col("n") <= 5)
                                  .drop("n").toPandas())
     res.tables = small
-    for df in (t.ops, t.msgs, p.ops, p.gaps):
+    for df in cached:
         df.unpersist()
     out.write_text("campaign.html", campaign_page.page(res, Path(out_dir) if out.local else None))
     lap("page")
+    spark.sparkContext.setJobDescription(None)
     return res
 
 
@@ -286,7 +334,9 @@ def _write_manifest(res: Result, settings: spark_session.Settings, spark_version
     data = {"out_dir": res.out_dir, "runs": len(res.runs), "skipped": [vars(s) for s in res.skipped],
             "seconds": res.seconds, "phases_s": res.phases, "spark_version": spark_version, "master": spark_session.effective_master(settings) or "spark-submit",
             "driver_memory": res.driver_memory,
-            "spark_sessions_started": res.sessions_started, "tables": [f"{t}.parquet" for t in TABLES
+            "spark_sessions_started": res.sessions_started,
+            "runs_read": len(res.runs) if res.runs_read is None else res.runs_read, "runs_reused": res.runs_reused,
+            "history_files_read": res.history_files_read, "tables": [f"{t}.parquet" for t in TABLES
                                                                        if t in res.tables or t == "anomalies"],
             "html": "campaign.html"}
     try:
@@ -337,8 +387,9 @@ def _is_na(v: Any) -> bool:
 def print_summary(res: Result, out: TextIO) -> None:
     from spark_analysis.campaign import TYPE_COLUMNS
     n, k = len(res.runs), len(res.skipped)
+    reused = f", {res.runs_reused} of them reused from earlier analyses" if res.runs_reused else ""
     print(f"analysed {n} run{'s' if n != 1 else ''}" + (f" ({k} skipped)" if k else "")
-          + f" in {res.seconds} s with Spark {_spark_version()}", file=out)
+          + f" in {res.seconds} s with Spark {_spark_version()}{reused}", file=out)
     cfg = _records(res.tables.get("by_config"))
     if cfg:
         keys = ["workload", "nemesis", "quorum", "bugs"]
@@ -389,7 +440,7 @@ def run_args(args: argparse.Namespace, echo: TextIO = sys.stdout) -> int:
     when Spark failed."""
     try:
         settings = settings_from_args(args)
-        analyze(args.results_dirs or ["results"], args.out, settings, echo=echo)
+        analyze(args.results_dirs or ["results"], args.out, settings, echo=echo, redo=args.redo)
     except (InputError, spark_session.SparkUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -9,6 +9,7 @@ import math
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +24,14 @@ DEFAULT_MASTER = "local[*]"        # every core of this machine (2 here): one ta
 # machine to the clusters under test; bigger campaigns belong on a cluster (--master)
 DEFAULT_DRIVER_MEMORY = None
 MIN_JAVA = 17                      # pyspark 4.0 runs on Java 17 or 21
+
+# a standalone master (spark://) must answer a TCP connect within this many seconds before the driver
+# JVM starts, and grant the application an executor within MASTER_EXECUTORS_S after it: Spark itself
+# retries an unreachable master for a minute and then logs a stack trace, and waits forever for
+# executors a cluster cannot give
+MASTER_CONNECT_S = 5.0
+MASTER_EXECUTORS_S = 90.0
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 # how many sessions start() built in this process (tests assert an analyze call builds one)
 SESSIONS_STARTED = 0
@@ -95,13 +104,94 @@ def is_local(master: str | None) -> bool:
     return master is None or master.startswith("local")
 
 
+def standalone_masters(master: str | None) -> list[tuple[str, int]]:
+    """(host, port) of each master of a spark:// URL (several for a high-availability one:
+    spark://h1:7077,h2:7077); [] for any other master."""
+    if not master or not master.startswith("spark://"):
+        return []
+    out = []
+    for part in master[len("spark://"):].rstrip("/").split(","):
+        host, _, port = part.strip().rpartition(":")
+        if not host:
+            host, port = port, "7077"
+        try:
+            out.append((host.strip("[]"), int(port)))
+        except ValueError:
+            raise SparkUnavailable(f"--master {master}: {part!r} is not HOST:PORT "
+                                   f"(fix: e.g. --master spark://127.0.0.1:7077)") from None
+    return out
+
+
+def check_master(master: str | None, timeout: float = MASTER_CONNECT_S) -> None:
+    """A spark:// master answers a TCP connect (any one of an HA list), or SparkUnavailable naming it
+    and the fix: one bounded check before the driver JVM starts."""
+    hosts = standalone_masters(master)
+    if not hosts:
+        return
+    why = []
+    for host, port in hosts:
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                return
+        except socket.timeout:
+            why.append(f"{host}:{port}: no answer in {timeout:g} s")
+        except OSError as e:
+            why.append(f"{host}:{port}: {e.strerror or e}")
+    raise SparkUnavailable(f"the Spark master {master} does not answer ({'; '.join(why)}) (fix: start it, "
+                           f"e.g. `spark-class org.apache.spark.deploy.master.Master --host HOST --port PORT` "
+                           f"and a worker, or give the URL it logged as \"Starting Spark master at spark://...\")")
+
+
+def wait_for_executors(spark: Any, master: str | None, timeout: float = MASTER_EXECUTORS_S) -> None:
+    """On a standalone master, wait (bounded) until the application has an executor; SparkUnavailable
+    if the master gave up on it or gave it none (no worker, or none with the cores and memory asked)."""
+    if not standalone_masters(master):
+        return
+    import time
+    sc = spark.sparkContext
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sc._jsc.sc().isStopped():
+            break
+        # the driver counts among the executor infos: more than one means a real executor
+        if len(sc._jsc.sc().statusTracker().getExecutorInfos()) > 1:
+            return
+        time.sleep(0.5)
+    stopped = sc._jsc.sc().isStopped()
+    mem = sc.getConf().get("spark.executor.memory", "1g")
+    try:
+        spark.stop()
+    except Exception:
+        pass
+    if stopped:
+        raise SparkUnavailable(f"the Spark master {master} did not accept the application (is it a Spark "
+                               f"{_pyspark_version()} standalone master?) (fix: check the master's log and the "
+                               f"--master URL)")
+    raise SparkUnavailable(f"the Spark master {master} gave the application no executor in {timeout:g} s "
+                           f"(fix: start a worker (spark-class org.apache.spark.deploy.worker.Worker {master}) "
+                           f"with at least one free core and {mem} free memory, or lower "
+                           f"--conf spark.executor.memory)")
+
+
+def _pyspark_version() -> str:
+    try:
+        import pyspark
+        return pyspark.__version__
+    except ImportError:  # pragma: no cover
+        return "?"
+
+
 def shuffle_partitions_for(input_bytes: int, cores: int) -> int:
-    """Shuffle partitions for this much Parquet input: at least two per core (both cores busy, a
-    small campaign is not split into Spark's default 200 tiny tasks), one per ~32 MiB of compressed
-    Parquet (a few hundred MiB in memory per task) for big inputs, at most 800. Adaptive execution
+    """Shuffle partitions for this much Parquet input: one per ~32 MiB of compressed Parquet (a few
+    hundred MiB in memory per task) for big inputs, at most 800; at least two per core (both cores
+    busy) from 2 x cores x 4 MiB of input (16 MiB here), and fewer below: one per 4 MiB, so a handful of short
+    runs is one partition per shuffle (the job is hundreds of small stages: each extra partition is a
+    task per stage, and adaptive execution runs independent stages side by side, which keeps the cores
+    busy; 4 partitions took 22-30 s for 3 small runs on 2 cores, 1 took 15-16 s). Adaptive execution
     coalesces what turns out smaller."""
-    per = 32 << 20
-    return int(max(2 * max(1, cores), min(800, math.ceil(input_bytes / per))))
+    per, small = 32 << 20, 4 << 20
+    floor = min(2 * max(1, cores), max(1, math.ceil(input_bytes / small)))
+    return int(max(floor, min(800, math.ceil(input_bytes / per))))
 
 
 def driver_memory_for(input_bytes: int) -> str:
@@ -161,9 +251,11 @@ def config(settings: Settings, input_bytes: int = 0) -> dict[str, Any]:
         # and a log4j config that keeps Spark to errors (its INFO/WARN lines would bury the summary)
         conf["spark.driver.memory"] = settings.driver_memory or driver_memory_for(input_bytes)
         conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{_quiet_log4j()}"
-        if is_local(effective_master(settings)):
+        hosts = standalone_masters(effective_master(settings))
+        if is_local(effective_master(settings)) or (hosts and all(h in LOOPBACK for h, _ in hosts)):
             # bind to the loopback: this machine's hostname may resolve to an address inside a test
-            # network namespace, unreachable from here
+            # network namespace, unreachable from here (and from a standalone cluster on 127.0.0.1,
+            # whose executors connect back to the driver)
             conf["spark.driver.host"] = "127.0.0.1"
             conf["spark.driver.bindAddress"] = "127.0.0.1"
     conf.update(settings.extra)
@@ -178,6 +270,7 @@ def start(settings: Settings | None = None, input_bytes: int = 0):
     master = effective_master(settings)
     if not under_spark_submit():
         require_java()           # the JVM starts here (also for a remote master: the driver is local)
+        check_master(master)
         if is_local(master) and master is not None:
             # Python workers run this interpreter (the venv, with pyarrow and pandas), not whatever
             # `python3` is first on PATH; a cluster's executors use their own (spark.pyspark.python).
@@ -196,6 +289,7 @@ def start(settings: Settings | None = None, input_bytes: int = 0):
                                f"(fix: check `java -version` (17+) and --driver-memory, or the --master URL)"
                                ) from None
     spark.sparkContext.setLogLevel("ERROR")
+    wait_for_executors(spark, master)
     SESSIONS_STARTED += 1
     return spark
 

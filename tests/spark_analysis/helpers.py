@@ -153,3 +153,26 @@ def rerun_python(run_dir: Path) -> dict[str, Any]:
 
 def read_json(p: Path) -> Any:
     return json.loads(Path(p).read_text())
+
+
+def analysis_tables(out_dir: str | Path, root: str | Path | None = None) -> dict[str, Any]:
+    """Every Parquet table of an analysis as pandas, rows in a canonical order (their text), the results
+    dir `root` in path columns written as "<root>" (to compare analyses of copies of the same runs)."""
+    import pandas as pd
+    out = {}
+    for p in sorted(Path(out_dir).glob("*.parquet")):
+        df = pd.read_parquet(p)
+        if root is not None and "path" in df.columns:
+            df["path"] = df["path"].str.replace(str(root), "<root>", regex=False)
+        if len(df):
+            key = df.astype(str).apply(lambda r: "\x00".join(r), axis=1)
+            df = df.loc[key.sort_values(kind="stable").index].reset_index(drop=True)
+        out[p.stem] = df
+    return out
+
+
+def assert_same_tables(mine: dict[str, Any], theirs: dict[str, Any]) -> None:
+    import pandas as pd
+    assert set(mine) == set(theirs), (set(mine) ^ set(theirs))
+    for name in theirs:
+        pd.testing.assert_frame_equal(mine[name], theirs[name], check_dtype=False, obj=name)

@@ -1,5 +1,7 @@
-"""`pulsar-chaos analyze` and `spark-submit spark_analysis/main.py` as a user runs them (their own
-process and JVM): exit 0 with skipped runs, one Spark session per call, one-line errors."""
+"""`spark-submit spark_analysis/main.py` and `pulsar-chaos analyze` as a user runs them (their own
+process and JVM): exit 0 with skipped runs, one Spark session per call, one-line errors. The CLI's
+successful analysis in its own process is test_standalone.py's (on a standalone cluster): one JVM
+start for both."""
 from __future__ import annotations
 
 import json
@@ -10,10 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from core import store
-from tests.spark_analysis.helpers import write_run
-from tests.spark_analysis.test_inputs import small_history
 
 pytestmark = pytest.mark.spark
 
@@ -27,29 +25,13 @@ def _cli(*args: str, env: dict | None = None, timeout: int = 600) -> subprocess.
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cli-results")
-    write_run(root, "cli", "20261106T101010", small_history(), workload="log", nemesis=[])
-    write_run(root, "cli", "20261106T111111", small_history(lose=True), workload="log", nemesis=[])
-    bad = write_run(root, "cli", "20261106T121212", small_history(), workload="log", nemesis=[])
-    (bad / store.HISTORY_PARQUET).write_bytes(b"PAR1 not really")
-    return root
+def results(small_campaign):
+    return small_campaign
 
 
 def _manifest(stdout: str) -> dict:
     page = next(line.split(": ", 1)[1] for line in stdout.splitlines() if line.startswith("page: "))
     return json.loads((Path(page).parent / "manifest.json").read_text())
-
-
-def test_analyze_cli_exit_0_one_session_and_a_summary(results, tmp_path):
-    cp = _cli(str(results), "--out", str(tmp_path), "--master", "local[1]", "--driver-memory", "1g")
-    assert cp.returncode == 0, cp.stderr[-3000:]
-    assert "analysed 2 runs (1 skipped)" in cp.stdout
-    assert "Traceback" not in cp.stderr
-    assert "skipped " in cp.stdout and "corrupt or truncated Parquet" in cp.stdout
-    assert "Spark checks agree with results.json on 2/2 runs" in cp.stdout
-    m = _manifest(cp.stdout)
-    assert m["spark_sessions_started"] == 1 and m["runs"] == 2 and m["master"] == "local[1]"
 
 
 def test_spark_submit_runs_the_module(results, tmp_path):
@@ -60,9 +42,11 @@ def test_spark_submit_runs_the_module(results, tmp_path):
                          str(REPO / "spark_analysis" / "main.py"), str(results), "--out", str(tmp_path)],
                         cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
     assert cp.returncode == 0, cp.stderr[-3000:]
-    assert "analysed 2 runs (1 skipped)" in cp.stdout
+    assert "analysed 4 runs (1 skipped)" in cp.stdout
+    assert "skipped " in cp.stdout and "corrupt or truncated Parquet" in cp.stdout
+    assert "Spark checks agree with results.json on 4/4 runs" in cp.stdout
     m = _manifest(cp.stdout)
-    assert m["spark_sessions_started"] == 1 and m["master"] == "spark-submit"
+    assert m["spark_sessions_started"] == 1 and m["master"] == "spark-submit" and m["runs"] == 4
 
 
 def test_bad_input_is_one_line_without_traceback(tmp_path):

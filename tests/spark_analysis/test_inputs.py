@@ -14,6 +14,7 @@ from core import store
 from spark_analysis import inputs
 from spark_analysis import main as analysis
 from spark_analysis import session as spark_session
+from tests.spark_analysis.conftest import counting_shared_session
 from tests.spark_analysis.helpers import FINAL, H, write_run
 
 pytestmark = pytest.mark.spark
@@ -52,10 +53,19 @@ def campaign(tmp_path_factory):
     return root
 
 
-def test_bad_runs_are_skipped_with_reasons_and_the_rest_is_analysed(campaign, tmp_path, shared_session_as_new):
+@pytest.fixture(scope="module")
+def analysed(campaign, spark, tmp_path_factory):
+    """The campaign analysed once, as the CLI does (analyze() starting its own session, counted), into
+    an out dir elsewhere than the results: (result, sessions started by the call)."""
     before = spark_session.SESSIONS_STARTED
-    res = analysis.analyze([str(campaign)], str(tmp_path), echo=None)
-    assert spark_session.SESSIONS_STARTED - before == 1 and len(shared_session_as_new) == 1
+    with counting_shared_session(spark) as calls:
+        res = analysis.analyze([str(campaign)], str(tmp_path_factory.mktemp("elsewhere")), echo=None)
+    return res, calls, spark_session.SESSIONS_STARTED - before
+
+
+def test_bad_runs_are_skipped_with_reasons_and_the_rest_is_analysed(analysed):
+    res, calls, started = analysed
+    assert started == 1 and len(calls) == 1
     assert res.sessions_started == 1
     assert sorted(r.run_id for r in res.runs) == ["good/20261105T101010", "good/20261105T111111"]
     reasons = {Path(s.path).parent.name: s.reason for s in res.skipped}
@@ -89,8 +99,8 @@ def test_missing_results_dir_is_a_one_line_error(tmp_path):
         analysis.analyze([str(tmp_path / "empty")], str(tmp_path), echo=None)
 
 
-def test_campaign_page_is_offline_and_links_to_every_report(campaign, tmp_path, spark):
-    res = analysis.analyze([str(campaign)], str(tmp_path / "elsewhere"), spark=spark, echo=None)
+def test_campaign_page_is_offline_and_links_to_every_report(analysed):
+    res = analysed[0]
     page = Path(res.html).read_text()
     urls = re.findall(r"(?i)\b(?:https?|ftp)://[^\s\"'<>)]*", page)
     assert set(urls) <= {"http://www.w3.org/2000/svg"}, set(urls)
