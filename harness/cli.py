@@ -382,6 +382,9 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     _strict_usage(p)
     p.add_argument("--spec", metavar="FILE", default=None,
                    help="a TOML test spec (e.g. a run's test.toml); flags given here override it")
+    p.add_argument("--replay", metavar="RUN", default=None,
+                   help="run a run folder's spec again with the faults it really had: each fault's time, "
+                        "name and the nodes it hit (not new random ones); other flags override the rest")
     p.formatter_class = argparse.RawDescriptionHelpFormatter      # keep the epilog's lines
     p.epilog = _run_epilog()
     p.add_argument("--workload", default=None, metavar="NAME", help="workload (default log; listed below)")
@@ -457,7 +460,10 @@ def _run(args: argparse.Namespace) -> int:
                 overrides["grudge"] = json.loads(args.grudge)
             except ValueError as e:
                 raise SpecError("--grudge", f"not JSON ({e})", """write e.g. '{"broker-1": ["zk-1"]}'""") from None
-        spec = runner.spec_from_args(args.spec, overrides)
+        if args.replay:
+            spec = _replay_spec(args, overrides)
+        else:
+            spec = runner.spec_from_args(args.spec, overrides)
         runner.preflight(spec)           # root, iproute2, iptables, ZooKeeper: before any run folder
     except (SpecError, ClusterError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -467,6 +473,23 @@ def _run(args: argparse.Namespace) -> int:
     except SpecError as e:               # e.g. a results dir that cannot be written
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def _replay_spec(args: argparse.Namespace, overrides: dict[str, Any]):
+    """`run --replay RUN`: the run's spec with its recorded faults, flags other than the faults on top."""
+    import dataclasses
+    from core.spec import SpecError
+    from harness import replay, runner
+    clash = [f for f, v in (("--spec", args.spec), ("--nemesis", args.nemesis),
+                            ("--nemesis-schedule", args.nemesis_schedule)) if v is not None]
+    if clash:
+        raise SpecError(clash[0], "cannot be given with --replay (the replay's faults are the run's)",
+                        f"drop {clash[0]}, or drop --replay")
+    try:
+        base = replay.replay_spec(args.replay)
+    except replay.ReplayError as e:
+        raise UserError(str(e)) from None
+    return runner.spec_from_args(None, overrides, base=dataclasses.asdict(base))
 
 
 def _run_dir_arg(p: argparse.ArgumentParser) -> None:
