@@ -568,6 +568,33 @@ def _campaign(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
 
+def _shrink_args(p: argparse.ArgumentParser) -> None:
+    _strict_usage(p)
+    p.add_argument("run_dir", metavar="RUN", help="a run folder that failed (verdict invalid), e.g. results/latest")
+    p.add_argument("--tries", type=int, default=3, metavar="N",
+                   help="runs of each candidate; it still fails when one shows the same anomaly (default 3)")
+    p.add_argument("--max-hours", type=float, default=None, metavar="H",
+                   help="start no candidate that would end after H hours; the best so far is the result")
+    p.add_argument("--results-dir", default="results", metavar="DIR",
+                   help="the shrink folder goes to DIR/shrinks/<test>/<time>/ (default results)")
+    p.add_argument("--resume", default=None, metavar="DIR",
+                   help="go on with an interrupted shrink folder: no finished candidate is run again")
+
+
+@command("shrink", "from a failing run, search for the smallest run that fails the same way (fewer faults, shorter "
+                   "holds and run, less load); minimal.toml and shrink.html (exit 0 found, 2 the replay did not "
+                   "fail, 254 nothing to shrink)", _shrink_args)
+def _shrink(args: argparse.Namespace) -> int:
+    from harness import shrink
+    try:
+        opts = shrink.Options(run=args.run_dir, tries=args.tries, max_hours=args.max_hours,
+                              results_dir=args.results_dir, resume=args.resume)
+        return shrink.run(opts)
+    except shrink.ShrinkError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
 def _serve_args(p: argparse.ArgumentParser) -> None:
     _strict_usage(p)
     p.add_argument("results_dir", nargs="?", default="results", metavar="RESULTS_DIR",
