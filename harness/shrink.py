@@ -11,9 +11,10 @@ The search, in order, each step keeping a change only when the candidate still f
 1. the replay of the run itself (if it does not reproduce, there is nothing to shrink from);
 2. no fault at all (a bug knob alone may do), then delta debugging over the faults (Zeller's ddmin:
    subsets, then complements, at finer and finer granularity);
-3. each fault's resolved target as its symbolic target (`kill:owner` resolved again, not broker-2);
-4. the faults moved to the start, the gaps between them halved, each hold halved;
-5. the time limit down to the end of the last fault, the rate, concurrency and topics halved.
+3. the faults moved to the start and the gaps between them halved, then the time limit down to the
+   end of the last fault (early, so that every later candidate is a short run);
+4. each fault's resolved target as its symbolic target (`kill:owner` resolved again, not broker-2);
+5. each hold halved (and the time limit again), the rate, concurrency and topics halved.
 
 `Search` is the pure part: it calls `run_candidate(candidate, tries) -> Outcome` and knows nothing of
 processes, so tests drive it with a fake runner. `ShrinkRun` is the command: a shrink folder
@@ -155,6 +156,9 @@ class Step:
                 "key": self.candidate.key(), "outcome": self.outcome.to_json(), "kept": self.kept}
 
 
+REDUCTIONS = ("faults", "times", "time limit", "targets", "holds", "load")
+
+
 class OutOfTime(Exception):
     """--max-hours reached: the search ends with the best candidate so far."""
 
@@ -171,8 +175,10 @@ class Search:
     def __init__(self, start: Candidate, run_candidate: Callable[[Candidate, int], Outcome], tries: int = DEFAULT_TRIES,
                  cache: dict[str, Outcome] | None = None,
                  on_step: Callable[[Step, Candidate], None] | None = None,
-                 deadline: float | None = None, estimate_s: Callable[[], float] | None = None):
+                 deadline: float | None = None, estimate_s: Callable[[], float] | None = None,
+                 reductions: tuple[str, ...] | None = None):
         self.best = start
+        self.reductions = reductions        # None: all (REDUCTIONS); else only these
         self.run_candidate = run_candidate
         self.tries = tries
         self.cache = dict(cache or {})
@@ -208,12 +214,12 @@ class Search:
             if not self._try("replay", "the run's own faults and load", self.best):
                 self.stopped = "the replay of the run did not fail the same way"
                 return self.best
-            self.reduce_faults()
-            self.symbolic_targets()
-            self.compress_times()
-            self.shorter_holds()
-            self.shorter_run()
-            self.lower_load()
+            for name, step in (("faults", self.reduce_faults), ("times", self.compress_times),
+                               ("time limit", self.shorter_run),   # early: every later candidate is shorter
+                               ("targets", self.symbolic_targets), ("holds", self.shorter_holds),
+                               ("time limit", self.shorter_run), ("load", self.lower_load)):
+                if self.reductions is None or name in self.reductions:
+                    step()
         except OutOfTime:
             self.stopped = "the time limit (--max-hours) was reached"
         return self.best
@@ -363,6 +369,7 @@ class Options:
     results_dir: str = "results"
     resume: str | None = None
     verify: bool = True              # rerun the minimal spec `tries` times to say how often it fails
+    reductions: tuple[str, ...] | None = None    # only these of REDUCTIONS (None: all)
 
 
 def check_shrinkable(run_dir: Path | str) -> tuple[Path, TestSpec, dict[str, Any], frozenset, list[RecordedFault]]:
@@ -426,7 +433,7 @@ class ShrinkRun:
         self.n = max([int(c.get("n", 0)) for c in self.prior] + [0])
         self.search = Search(self.start, self._run_candidate, opts.tries, cache, self._on_step,
                              deadline=(self.started + opts.max_hours * 3600) if opts.max_hours else None,
-                             estimate_s=self._estimate)
+                             estimate_s=self._estimate, reductions=opts.reductions)
         self.verification: Outcome | None = None
 
     # -- running candidates

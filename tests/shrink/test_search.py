@@ -129,3 +129,10 @@ def test_the_signature_is_the_invalid_checkers_anomaly_types():
                         "perf": {"valid": True, "anomalies": {}}}}
     assert signature_of(res) == {("log", "lost")}
     assert signature_of({"checkers": {"log": {"valid": True}}}) == frozenset()
+
+
+def test_only_the_reductions_asked_for_are_tried():
+    s = Search(start(), Fake(overlap_bug), reductions=("faults",))
+    best = s.run()
+    assert [x.name for x in best.faults] == ["kill", "pause"] and best.time_limit == 60.0 and best.rate == 200.0
+    assert {st.step for st in s.steps} == {"replay", "faults"}
