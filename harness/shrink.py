@@ -42,9 +42,7 @@ from core import store
 from core.spec import TestSpec
 from harness.replay import RecordedFault, ReplayError, load_run, recorded_faults, spec_with_faults, symbolic
 
-SHRINK_JSON = "shrink.json"
-MINIMAL_TOML = "minimal.toml"
-SHRINK_HTML = "shrink.html"
+from harness.shrink_page import MINIMAL_TOML, SHRINK_HTML, SHRINK_JSON, signature_text  # noqa: F401
 DEFAULT_TRIES = 3
 MIN_HOLD_S = 1.0            # holds are not halved below this
 MIN_GAP_S = 0.5             # nor the gaps between fault starts
@@ -73,10 +71,6 @@ def signature_of(results: dict[str, Any] | None) -> frozenset[tuple[str, str]]:
             kinds = [k for k, n in counts.items() if n] or ["invalid"]
             out.update((name, k) for k in kinds)
     return frozenset(out)
-
-
-def signature_text(sig: frozenset[tuple[str, str]]) -> str:
-    return ", ".join(f"{c}: {k}" for c, k in sorted(sig)) or "none"
 
 
 @dataclass

@@ -8,9 +8,35 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dataclasses import dataclass
+
 from core import store
 from harness.replay import RecordedFault
-from harness.shrink import MINIMAL_TOML, SHRINK_HTML, SHRINK_JSON, Candidate, signature_text
+
+# the files of a shrink folder (harness/shrink.py writes them; this module only reads them)
+SHRINK_JSON = "shrink.json"
+MINIMAL_TOML = "minimal.toml"
+SHRINK_HTML = "shrink.html"
+
+
+@dataclass
+class Candidate:
+    """A candidate as shrink.json records it (harness.shrink.Candidate's fields)."""
+    faults: list[RecordedFault]
+    time_limit: float
+    rate: float
+    concurrency: int
+    topics: int
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Candidate":
+        return cls([RecordedFault.from_json(f) for f in d["faults"]], d["time_limit"], d["rate"],
+                   d["concurrency"], d["topics"])
+
+
+def signature_text(sig: Any) -> str:
+    """`log: lost, queue: duplicated` of (checker, anomaly type) pairs."""
+    return ", ".join(f"{c}: {k}" for c, k in sorted(sig)) or "none"
 
 CSS = """body{font:15px/1.45 system-ui,sans-serif;margin:0;color:#1a1a1a}main{max-width:1200px;margin:0 auto;
 padding:12px 24px 48px}h1{font-size:24px}h2{font-size:19px;margin-top:28px}.muted{color:#666}
