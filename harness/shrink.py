@@ -9,8 +9,8 @@ faults are flaky) and *still fails* when one try shows a pair of the signature (
 The search, in order, each step keeping a change only when the candidate still fails:
 
 1. the replay of the run itself (if it does not reproduce, there is nothing to shrink from);
-2. no fault at all (a bug knob alone may do), then delta debugging over the faults (Zeller's ddmin:
-   subsets, then complements, at finer and finer granularity);
+2. no fault at all (a bug knob alone may do), then delta debugging over the faults (chunks removed,
+   halves first, down to single faults: the complement steps of Zeller's ddmin);
 3. the faults moved to the start and the gaps between them halved, then the time limit down to the
    end of the last fault (early, so that every later candidate is a short run);
 4. each fault's resolved target as its symbolic target (`kill:owner` resolved again, not broker-2);
@@ -144,10 +144,12 @@ class Step:
     candidate: Candidate
     outcome: Outcome
     kept: bool
+    known: bool = False         # the outcome of an identical candidate tried before: not run again
 
     def to_json(self) -> dict[str, Any]:
         return {"n": self.n, "step": self.step, "change": self.change, "candidate": self.candidate.to_json(),
-                "key": self.candidate.key(), "outcome": self.outcome.to_json(), "kept": self.kept}
+                "key": self.candidate.key(), "outcome": self.outcome.to_json(), "kept": self.kept,
+                "known": self.known}
 
 
 REDUCTIONS = ("faults", "times", "time limit", "targets", "holds", "load")
@@ -185,7 +187,8 @@ class Search:
     # -- one candidate
     def _try(self, step: str, change: str, cand: Candidate) -> bool:
         key = cand.key()
-        if key in self.cache:
+        known = key in self.cache
+        if known:
             out = self.cache[key]
         else:
             if self.deadline is not None and self.estimate_s is not None \
@@ -196,7 +199,7 @@ class Search:
         kept = out.fails and cand.size() <= self.best.size()
         if kept:
             self.best = cand
-        s = Step(len(self.steps) + 1, step, change, cand, out, kept)
+        s = Step(len(self.steps) + 1, step, change, cand, out, kept, known)
         self.steps.append(s)
         if self.on_step is not None:
             self.on_step(s, self.best)
@@ -231,26 +234,21 @@ class Search:
         self.ddmin()
 
     def ddmin(self) -> None:
-        """Zeller's delta debugging (ddmin) over the best candidate's faults."""
-        n = 2
-        while len(self.best.faults) >= 2:
-            items = self.best.faults
-            chunks = _split(items, n)
-            reduced = False
-            for i, c in enumerate(chunks):
-                if len(c) < len(items) and self._try("faults", f"keep only {_names(c)}", self._with(c)):
-                    n, reduced = 2, True
-                    break
-            if not reduced and n > 2:
-                for i, c in enumerate(chunks):
-                    rest = [f for j, ch in enumerate(chunks) if j != i for f in ch]
-                    if self._try("faults", f"drop {_names(c)}", self._with(rest)):
-                        n, reduced = max(n - 1, 2), True
-                        break
-            if not reduced:
-                if n >= len(items):
-                    break
-                n = min(len(items), 2 * n)
+        """Delta debugging over the faults: remove chunks of them, halves first, then smaller chunks
+        down to single faults, keeping each removal after which the run still fails (the complement
+        steps of Zeller's ddmin; the faults keep their order and times)."""
+        k = max(1, len(self.best.faults) // 2)
+        while True:
+            i = 0
+            while i < len(self.best.faults):
+                items = self.best.faults
+                chunk, rest = items[i:i + k], items[:i] + items[i + k:]
+                if rest and self._try("faults", f"drop {_names(chunk)}", self._with(rest)):
+                    continue                   # the same place again: the faults after it moved up
+                i += k
+            if k == 1:
+                break
+            k = max(1, k // 2)
 
     # -- 3. symbolic targets
     def symbolic_targets(self) -> None:
@@ -331,17 +329,6 @@ class Search:
                     break
                 if not self._try("load", f"{attr} {new:g}, not {v:g}", self.best.replace(**{attr: new})):
                     break
-
-
-def _split(items: list[Any], n: int) -> list[list[Any]]:
-    n = min(n, len(items))
-    size, extra = divmod(len(items), n)
-    out, i = [], 0
-    for k in range(n):
-        j = i + size + (1 if k < extra else 0)
-        out.append(items[i:j])
-        i = j
-    return out
 
 
 def _names(faults: list[RecordedFault]) -> str:
@@ -507,7 +494,8 @@ class ShrinkRun:
         else:
             result = f"does not fail the same way (0/{o.tries}: {'; '.join(o.found) or 'no run'})"
         eta = self._estimate() * _remaining_guess(best)
-        self._line(f"[{step.n:3d}] {step.step}: {step.change}: {result}{' (kept)' if step.kept else ''}")
+        known = " (known: not run again)" if step.known else ""
+        self._line(f"[{step.n:3d}] {step.step}: {step.change}: {result}{known}{' (kept)' if step.kept else ''}")
         self._line(f"      best: {best.describe()}; elapsed {_fmt_s(time.monotonic() - self.started)}, "
                    f"ETA ~{_fmt_s(eta)}")
         self._save()

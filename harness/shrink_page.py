@@ -154,7 +154,8 @@ def page(d: Path, state: dict[str, Any]) -> str:
                         for i, r in enumerate(o.get("runs") or []))
         rows.append(f"<tr class='{'kept' if s['kept'] else ''}'><td>{s['n']}</td><td>{_e(s['step'])}</td>"
                     f"<td>{_e(s['change'])}</td><td class='{'yes' if o['fails'] else 'no'}'>{_e(res)}</td>"
-                    f"<td>{_e('; '.join(o.get('found') or []))}</td><td>{o.get('seconds', 0):.0f}</td>"
+                    f"<td>{_e('; '.join(o.get('found') or []))}</td>"
+                    f"<td>{'known' if s.get('known') else format(o.get('seconds', 0), '.0f')}</td>"
                     f"<td>{'kept' if s['kept'] else ''}</td><td>{runs}</td></tr>")
     minimal = d / MINIMAL_TOML
     spec_text = minimal.read_text() if minimal.is_file() else ""
