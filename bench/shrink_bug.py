@@ -6,7 +6,7 @@ one pair of which is the bug's; the other gusts start alone or before a beam. Th
 shrink` with every reduction. Prints the faults before and after, the minimal run's time limit, the
 candidates, the wall time of the search and how often the minimal spec reproduced.
 
-    .venv/bin/python bench/shrink_bug.py [--tries 1] [--results-dir /tmp/shrink-bench] [--json FILE]
+    .venv/bin/python bench/shrink_bug.py [--tries 1] [--verify 5] [--results-dir /tmp/shrink-bench] [--json FILE]
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ EIGHT = [(3.0, "gust", 4.0), (9.0, "glint", 5.0), (14.0, "gust", 6.0), (16.0, "b
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tries", type=int, default=1)
+    ap.add_argument("--verify", type=int, default=5, help="reruns of the minimal spec (default 5)")
     ap.add_argument("--results-dir", default="/tmp/shrink-bench")
     ap.add_argument("--json", help="write the figures to this file")
     args = ap.parse_args(argv)
@@ -48,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"the original run was not invalid (exit {out.returncode}): {run_dir}")
         return 1
     t = time.monotonic()
-    code = subprocess.run([*exe, "shrink", str(run_dir), "--tries", str(args.tries), "--results-dir", str(results)],
-                          cwd=REPO, env=env).returncode
+    code = subprocess.run([*exe, "shrink", str(run_dir), "--tries", str(args.tries), "--verify", str(args.verify),
+                           "--results-dir", str(results)], cwd=REPO, env=env).returncode
     seconds = time.monotonic() - t
     sdir = max((results / "shrinks" / name).iterdir())
     state = json.loads((sdir / "shrink.json").read_text())

@@ -573,6 +573,8 @@ def _shrink_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN", help="a run folder that failed (verdict invalid), e.g. results/latest")
     p.add_argument("--tries", type=int, default=3, metavar="N",
                    help="runs of each candidate; it still fails when one shows the same anomaly (default 3)")
+    p.add_argument("--verify", type=int, default=None, metavar="N",
+                   help="rerun the minimal spec N times at the end to say how often it fails (default: --tries)")
     p.add_argument("--max-hours", type=float, default=None, metavar="H",
                    help="start no candidate that would end after H hours; the best so far is the result")
     p.add_argument("--results-dir", default="results", metavar="DIR",
@@ -588,7 +590,7 @@ def _shrink(args: argparse.Namespace) -> int:
     from harness import shrink
     try:
         opts = shrink.Options(run=args.run_dir, tries=args.tries, max_hours=args.max_hours,
-                              results_dir=args.results_dir, resume=args.resume)
+                              results_dir=args.results_dir, resume=args.resume, verify_tries=args.verify)
         return shrink.run(opts)
     except shrink.ShrinkError as e:
         print(f"error: {e}", file=sys.stderr)

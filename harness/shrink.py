@@ -349,7 +349,8 @@ class Options:
     max_hours: float | None = None
     results_dir: str = "results"
     resume: str | None = None
-    verify: bool = True              # rerun the minimal spec `tries` times to say how often it fails
+    verify: bool = True              # rerun the minimal spec to say how often it fails
+    verify_tries: int | None = None  # how many times (None: `tries`)
     reductions: tuple[str, ...] | None = None    # only these of REDUCTIONS (None: all)
 
 
@@ -383,6 +384,8 @@ class ShrinkRun:
     def __init__(self, opts: Options, out: TextIO = sys.stdout):
         if not isinstance(opts.tries, int) or opts.tries < 1:
             raise ShrinkError(f"--tries must be a whole number >= 1, not {opts.tries!r}; fix: e.g. --tries 3")
+        if opts.verify_tries is not None and (not isinstance(opts.verify_tries, int) or opts.verify_tries < 1):
+            raise ShrinkError(f"--verify must be a whole number >= 1, not {opts.verify_tries!r}; fix: e.g. --verify 5")
         if opts.max_hours is not None and opts.max_hours <= 0:
             raise ShrinkError(f"--max-hours must be > 0, not {opts.max_hours}; fix: e.g. --max-hours 2")
         self.opts, self.out = opts, out
@@ -531,8 +534,9 @@ class ShrinkRun:
         try:
             best = self.search.run()
             if self.opts.verify and not self.search.stopped.startswith("the replay"):
-                self._line(f"verifying the minimal run: {self.opts.tries} tries")
-                self.verification = self._run_candidate(best, self.opts.tries, stop_at_first=False, label="minimal")
+                n = self.opts.verify_tries or self.opts.tries
+                self._line(f"verifying the minimal run: {n} tries")
+                self.verification = self._run_candidate(best, n, stop_at_first=False, label="minimal")
         except BaseException as ex:
             if not (isinstance(ex, KeyboardInterrupt) or type(ex).__name__ == "Terminated"):
                 raise

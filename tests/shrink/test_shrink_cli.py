@@ -74,6 +74,7 @@ def test_what_cannot_be_shrunk_exits_254_with_one_line(tmp_path):
     one_line(cli("shrink", str(none), "--results-dir", str(tmp_path / "out")), "had no fault")
     bad = make_run(tmp_path / "c")
     one_line(cli("shrink", str(bad), "--tries", "0"), "--tries")
+    one_line(cli("shrink", str(bad), "--verify", "0"), "--verify")
     one_line(cli("shrink", str(bad), "--resume", str(tmp_path / "plain")), "not a shrink folder")
     assert not (tmp_path / "out").exists()
     # and a replay of a run with no fault
