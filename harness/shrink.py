@@ -11,8 +11,8 @@ The search, in order, each step keeping a change only when the candidate still f
 1. the replay of the run itself (if it does not reproduce, there is nothing to shrink from);
 2. no fault at all (a bug knob alone may do), then delta debugging over the faults (chunks removed,
    halves first, down to single faults: the complement steps of Zeller's ddmin);
-3. the faults moved to the start and the gaps between them halved, then the time limit down to the
-   end of the last fault (early, so that every later candidate is a short run);
+3. the faults moved to the start, the time limit down to the end of the last fault (early, so that
+   every later candidate is a short run), the gaps between the faults halved;
 4. each fault's resolved target as its symbolic target (`kill:owner` resolved again, not broker-2);
 5. each hold halved (and the time limit again), the rate, concurrency and topics halved.
 
@@ -211,8 +211,9 @@ class Search:
             if not self._try("replay", "the run's own faults and load", self.best):
                 self.stopped = "the replay of the run did not fail the same way"
                 return self.best
-            for name, step in (("faults", self.reduce_faults), ("times", self.compress_times),
+            for name, step in (("faults", self.reduce_faults), ("times", self.shift_to_start),
                                ("time limit", self.shorter_run),   # early: every later candidate is shorter
+                               ("times", self.close_gaps),
                                ("targets", self.symbolic_targets), ("holds", self.shorter_holds),
                                ("time limit", self.shorter_run), ("load", self.lower_load)):
                 if self.reductions is None or name in self.reductions:
@@ -260,7 +261,8 @@ class Search:
                           self._with(faults))
 
     # -- 4. times and holds
-    def compress_times(self) -> None:
+    def shift_to_start(self) -> None:
+        """Every fault earlier, the first at FIRST_FAULT_AT_S."""
         faults = self.best.faults
         if not faults:
             return
@@ -269,6 +271,9 @@ class Search:
             shift = first - FIRST_FAULT_AT_S
             self._try("times", f"every fault {shift:.1f}s earlier",
                       self._with([dataclasses.replace(f, at=round(f.at - shift, 3)) for f in faults]))
+
+    def close_gaps(self) -> None:
+        """The gap before each fault halved (the faults after it moved up with it), while it fails."""
         for i in range(1, len(self.best.faults)):
             for _ in range(HALVINGS):
                 faults = sorted(self.best.faults, key=lambda f: f.at)
