@@ -163,7 +163,8 @@ def page(d: Path, state: dict[str, Any]) -> str:
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>shrink {_e(d.name)}</title>'
             f"<style>{CSS}</style></head><body><main><h1>shrink of {_e(state['original'])}</h1>"
             f"<p>the failure kept: <b>{_e(signature_text(sig))}</b>; {len(steps)} candidates, "
-            f"{state.get('tries')} tries each at most, {state.get('seconds', 0):.0f} s</p>{stopped}"
+            f"{state.get('tries')} tr{'y' if state.get('tries') == 1 else 'ies'} each at most, "
+            f"{state.get('seconds', 0):.0f} s</p>{stopped}"
             f'<div class="pair">{_side("original", start, scale, state["original"])}'
             f'{_side("minimal", best, scale, minimal_run, vtext)}</div>'
             f"<h2>minimal spec</h2><p>rerun: <code>pulsar-chaos run --spec {_e(minimal)}</code></p>"
