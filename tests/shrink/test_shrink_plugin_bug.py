@@ -4,7 +4,7 @@ kinds (a gust alone, a beam during a gust, a glint...), the search returns exact
 in that order, in a shorter run, and the minimal spec reproduces the loss.
 
 The test is the short version (a 10-s original, one try per candidate, the fault and time-limit
-reductions: about 3.5 minutes); the 60-s original through every reduction is bench/shrink_bug.py."""
+reductions: 4 min 3 s on this machine); the 60-s original through every reduction is bench/shrink_bug.py."""
 from __future__ import annotations
 
 import io
