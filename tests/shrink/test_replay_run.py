@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -38,6 +39,16 @@ def _force_down(run_dir) -> None:
         cli("cluster", "down", "--force", "--name", c["name"], timeout=300)
 
 
+def _drop_kept_cluster(run_dir) -> None:
+    """The cluster folder the runner keeps for a run that was not valid."""
+    try:
+        kept = json.loads((run_dir / "results.json").read_text())["run"].get("cluster_dir")
+    except (OSError, ValueError, KeyError, AttributeError):
+        return
+    if kept:
+        shutil.rmtree(kept, ignore_errors=True)
+
+
 def test_a_replay_has_the_same_faults_times_and_nodes(tmp_path):
     name, again = f"rp-{uuid.uuid4().hex[:6]}", f"rq-{uuid.uuid4().hex[:6]}"
     first = second = None
@@ -69,3 +80,4 @@ def test_a_replay_has_the_same_faults_times_and_nodes(tmp_path):
         for d in (first, second):
             if d is not None:
                 _force_down(d)
+                _drop_kept_cluster(d)

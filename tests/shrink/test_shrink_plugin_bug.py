@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -51,7 +52,24 @@ def plugin(monkeypatch):
     mod.unregister()
 
 
-def test_shrink_finds_the_two_faults_of_the_bug_in_their_order(tmp_path, plugin):
+def drop_kept_clusters(root: Path) -> None:
+    """The cluster folders the runner keeps for runs that were not valid (every candidate that failed)."""
+    for res in root.rglob(store.RESULTS_JSON):
+        try:
+            kept = json.loads(res.read_text())["run"].get("cluster_dir")
+        except (OSError, ValueError, KeyError, AttributeError):
+            continue
+        if kept:
+            shutil.rmtree(kept, ignore_errors=True)
+
+
+@pytest.fixture
+def results(tmp_path):
+    yield tmp_path / "results"
+    drop_kept_clusters(tmp_path)
+
+
+def test_shrink_finds_the_two_faults_of_the_bug_in_their_order(tmp_path, plugin, results):
     name = f"sb-{uuid.uuid4().hex[:6]}"
     sched = schedule_file(tmp_path / "six.toml", SIX)
     out = subprocess.run([EXE, "run", "--workload", "zk-log", "--nemesis-schedule", str(sched), "--time-limit", "10",
