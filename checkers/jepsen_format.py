@@ -269,7 +269,7 @@ def _edn_op(d: Any) -> Op | None:
     return op
 
 
-def read_edn(path: Path | str) -> list[Op]:
+def read_edn(path: Path | str, nemesis: list[int] | None = None) -> list[Op]:
     """Ops of a Jepsen or Knossos EDN history, in any of the shapes they write:
 
     - one op map per line (Jepsen's `history.edn`; `#jepsen.history.Op{...}` records too);
@@ -319,6 +319,8 @@ def read_edn(path: Path | str) -> list[Op]:
         if op is not None:
             op.index = len(ops)          # no clock: list order is time
             ops.append(op)
+        elif nemesis is not None:
+            nemesis.append(len(ops))     # a nemesis op, skipped: counted for the caller
     return ops
 
 
@@ -343,7 +345,7 @@ _LOG = re.compile(r"jepsen\.util\s+-\s+(.*)$")
 _SPACED = re.compile(r"\s*(\S+)\s+(:(?:invoke|ok|fail|info))\s+(\S+)(?:\s+(.*))?$")
 
 
-def read_log(path: Path | str) -> list[Op]:
+def read_log(path: Path | str, nemesis: list[int] | None = None) -> list[Op]:
     """Ops of the `jepsen.util` op lines of a Jepsen log (fields separated by tabs, or aligned with
     spaces); other lines are skipped."""
     path = Path(path)
@@ -390,6 +392,8 @@ def read_log(path: Path | str) -> list[Op]:
         if op is not None:
             op.index = len(ops)          # no clock: list order is time
             ops.append(op)
+        elif nemesis is not None:
+            nemesis.append(len(ops))     # a nemesis op, skipped: counted for the caller
     return ops
 
 
@@ -441,9 +445,11 @@ _EXPECTED = {
 }
 
 
-def read_history(path: Path | str, fmt: str = "auto") -> list[Op]:
+def read_history(path: Path | str, fmt: str = "auto", nemesis: list[int] | None = None) -> list[Op]:
     """The ops of a history file in `fmt` ("auto": detected); HistoryError naming the line, or the
-    file when no client op at all could be read from it (an empty file, or not a history)."""
+    file when no op at all could be read from it (an empty file, or not a history). A history of
+    nemesis ops only is read (no client op to check: valid, as Knossos and Jepsen judge it); the
+    nemesis ops skipped (Jepsen formats) are counted into `nemesis` when given."""
     path = Path(path)
     if fmt in (None, "", "auto"):
         fmt = detect(path)
@@ -454,13 +460,18 @@ def read_history(path: Path | str, fmt: str = "auto") -> list[Op]:
         for n, op in enumerate(ops):
             if op.index is None or op.index < 0:
                 op.index = n
+    skipped: list[int] = []
+    if fmt == "jsonl":
+        skipped = [op.index for op in ops if op.process == NEMESIS_PROCESS]
     elif fmt == "jepsen-edn":
-        ops = read_edn(path)
+        ops = read_edn(path, skipped)
     elif fmt == "jepsen-log":
-        ops = read_log(path)
+        ops = read_log(path, skipped)
     else:
         raise HistoryError(f"unknown format {fmt!r}; fix: use one of {', '.join(FORMATS)} or auto")
-    if not any(op.process != NEMESIS_PROCESS for op in ops):
+    if nemesis is not None:
+        nemesis.extend(skipped)
+    if not any(op.process != NEMESIS_PROCESS for op in ops) and not skipped:
         empty = not _text(path).strip()
         what = "is empty" if empty else f"has no client op (read as {fmt})"
         raise HistoryError(f"{path}: {what}; expected a history of invoke/ok/fail/info client ops, "

@@ -104,6 +104,8 @@ class TestSpec:
     # A run's test.toml records the resolved one.
     expected: str = ""
     expected_reason: str = ""
+    # the run folder this run replays (`pulsar-chaos run --replay RUN`) or was shrunk from; "" for none
+    replay_of: str = ""
 
     def validate(self, source: str = "", *, catalog: Catalog | None) -> "TestSpec":
         """Check every field (and, with a catalog, every name); SpecError for the first bad one.
@@ -179,6 +181,9 @@ class TestSpec:
         if self.expected not in ("", "valid", "invalid"):
             raise err("expected", f"must be valid or invalid, not {self.expected!r}",
                       'write expected = "invalid" (with expected_reason = "why"), or leave it out')
+        if not isinstance(self.replay_of, str):
+            raise err("replay_of", f"must be a string, not {self.replay_of!r}",
+                      'write replay_of = "results/log-chaos/<run>", or leave it out')
         if not isinstance(self.expected_reason, str):
             raise err("expected_reason", f"must be a string, not {self.expected_reason!r}",
                       'write expected_reason = "why the run must fail"')
@@ -210,9 +215,13 @@ class TestSpec:
             where = f"entry {i + 1}"
             if not isinstance(e, dict):
                 raise err("nemesis_schedule", f"{where} is not a table: {e!r}", fix)
-            extra = sorted(set(e) - {"at", "name", "hold", "grudge"})
+            extra = sorted(set(e) - {"at", "name", "hold", "grudge", "plan"})
             if extra:
-                raise err("nemesis_schedule", f"{where} has unknown key(s) {extra}", "use at, name, hold, grudge")
+                raise err("nemesis_schedule", f"{where} has unknown key(s) {extra}",
+                          "use at, name, hold, grudge, plan")
+            if "plan" in e and not isinstance(e["plan"], dict):
+                raise err("nemesis_schedule", f"{where}: plan must be a table (the fault's recorded draws and "
+                          f"targets), not {e['plan']!r}", "copy it from a run's nemesis journal, or leave it out")
             at, hold = e.get("at"), e.get("hold")
             if not isinstance(at, (int, float)) or isinstance(at, bool) or at < 0:
                 raise err("nemesis_schedule", f"{where}: at must be seconds >= 0, not {at!r}", fix)

@@ -384,6 +384,9 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     _strict_usage(p)
     p.add_argument("--spec", metavar="FILE", default=None,
                    help="a TOML test spec (e.g. a run's test.toml); flags given here override it")
+    p.add_argument("--replay", metavar="RUN", default=None,
+                   help="run a run folder's spec again with the faults it really had: each fault's time, "
+                        "name and the nodes it hit (not new random ones); other flags override the rest")
     p.formatter_class = argparse.RawDescriptionHelpFormatter      # keep the epilog's lines
     p.epilog = _run_epilog()
     p.add_argument("--workload", default=None, metavar="NAME", help="workload (default log; listed below)")
@@ -456,6 +459,8 @@ def run_spec(args: argparse.Namespace) -> Any:
             overrides["grudge"] = json.loads(args.grudge)
         except ValueError as e:
             raise SpecError("--grudge", f"not JSON ({e})", """write e.g. '{"broker-1": ["zk-1"]}'""") from None
+    if getattr(args, "replay", None):
+        return _replay_spec(args, overrides)
     return runner.spec_from_args(args.spec, overrides)
 
 
@@ -476,6 +481,23 @@ def _run(args: argparse.Namespace) -> int:
     except SpecError as e:               # e.g. a results dir that cannot be written
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def _replay_spec(args: argparse.Namespace, overrides: dict[str, Any]):
+    """`run --replay RUN`: the run's spec with its recorded faults, flags other than the faults on top."""
+    import dataclasses
+    from core.spec import SpecError
+    from harness import replay, runner
+    clash = [f for f, v in (("--spec", args.spec), ("--nemesis", args.nemesis),
+                            ("--nemesis-schedule", args.nemesis_schedule)) if v is not None]
+    if clash:
+        raise SpecError(clash[0], "cannot be given with --replay (the replay's faults are the run's)",
+                        f"drop {clash[0]}, or drop --replay")
+    try:
+        base = replay.replay_spec(args.replay)
+    except replay.ReplayError as e:
+        raise UserError(str(e)) from None
+    return runner.spec_from_args(None, overrides, base=dataclasses.asdict(base))
 
 
 def _run_dir_arg(p: argparse.ArgumentParser) -> None:
@@ -557,6 +579,35 @@ def _campaign(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
 
+def _shrink_args(p: argparse.ArgumentParser) -> None:
+    _strict_usage(p)
+    p.add_argument("run_dir", metavar="RUN", help="a run folder that failed (verdict invalid), e.g. results/latest")
+    p.add_argument("--tries", type=int, default=3, metavar="N",
+                   help="runs of each candidate; it still fails when one shows the same anomaly (default 3)")
+    p.add_argument("--verify", type=int, default=None, metavar="N",
+                   help="rerun the minimal spec N times at the end to say how often it fails (default: --tries)")
+    p.add_argument("--max-hours", type=float, default=None, metavar="H",
+                   help="start no candidate that would end after H hours; the best so far is the result")
+    p.add_argument("--results-dir", default="results", metavar="DIR",
+                   help="the shrink folder goes to DIR/shrinks/<test>/<time>/ (default results)")
+    p.add_argument("--resume", default=None, metavar="DIR",
+                   help="go on with an interrupted shrink folder: no finished candidate is run again")
+
+
+@command("shrink", "from a failing run, search for the smallest run that fails the same way (fewer faults, shorter "
+                   "holds and run, less load); minimal.toml and shrink.html (exit 0 found, 2 the replay did not "
+                   "fail, 254 nothing to shrink)", _shrink_args)
+def _shrink(args: argparse.Namespace) -> int:
+    from harness import shrink
+    try:
+        opts = shrink.Options(run=args.run_dir, tries=args.tries, max_hours=args.max_hours,
+                              results_dir=args.results_dir, resume=args.resume, verify_tries=args.verify)
+        return shrink.run(opts)
+    except shrink.ShrinkError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
 def _serve_args(p: argparse.ArgumentParser) -> None:
     _strict_usage(p)
     p.add_argument("results_dir", nargs="?", default="results", metavar="RESULTS_DIR",
@@ -612,9 +663,22 @@ def _lin(args: argparse.Namespace) -> int:
     from core.history import HistoryError
     try:
         model = models.get(args.model)
-        history = jepsen_format.read_history(args.file, args.format)
+        nemesis_ops: list[int] = []
+        history = jepsen_format.read_history(args.file, args.format, nemesis=nemesis_ops)
     except (models.ModelError, HistoryError) as e:
         _usage_error(f"{e}" + ("" if "fix:" in str(e) else " (fix: pick one of those models with --model)"))
+    from core.history import NEMESIS_PROCESS
+    if not any(op.process != NEMESIS_PROCESS for op in history):
+        # nothing to check: valid, as Knossos and Jepsen judge a history with no client op
+        n = len(nemesis_ops)
+        note = (f"no client op to check ({n} nemesis op{'s' if n != 1 else ''} only): a history with no "
+                f"client op is linearizable")
+        if args.json:
+            print(json.dumps({"valid": True, "note": note, "stats": {"model": model.name, "client_ops": 0,
+                                                                      "nemesis_ops": n}}, indent=1))
+        else:
+            print(f"valid: {note} ({model.name})")
+        return 0
     opts: dict[str, Any] = {"model": model.name, "time_limit_s": args.time_limit, "independent": args.independent}
     if args.initial is not None:
         try:

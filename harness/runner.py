@@ -44,11 +44,13 @@ _LOGGERS = ("pulsar_chaos", "nemesis", "harness", "clusters")     # into the run
 
 # ------------------------------------------------------------------------------------ the spec
 
-def spec_from_args(spec_path: str | Path | None, overrides: dict[str, Any]) -> TestSpec:
-    """The spec of a run: the TOML file's table (if any), then the flags actually given on top.
+def spec_from_args(spec_path: str | Path | None, overrides: dict[str, Any],
+                   base: dict[str, Any] | None = None) -> TestSpec:
+    """The spec of a run: the TOML file's table (if any; or `base`, e.g. a replay's spec), then the
+    flags actually given on top.
 
     A bad file field is a SpecError naming the file and field; a bad flag names the flag."""
-    raw: dict[str, Any] = dict(load(spec_path)) if spec_path else {}
+    raw: dict[str, Any] = dict(load(spec_path)) if spec_path else dict(base or {})
     source = str(spec_path) if spec_path else ""
     if spec_path:
         from_mapping(raw, source, catalog=CATALOG)  # the file alone must be valid: errors name the file
@@ -57,7 +59,7 @@ def spec_from_args(spec_path: str | Path | None, overrides: dict[str, Any]) -> T
     for table in ("bugs", "options", "lb_settings"):
         if table in flags:
             flags[table] = {**(raw.get(table) or {}), **flags[table]}
-    if spec_path and any(k in flags for k in ("workload", "bugs", "options")):
+    if (spec_path or base) and any(k in flags for k in ("workload", "bugs", "options")):
         # the file's expectation was for its own configuration: derive it again for the new one
         raw.pop("expected", None)
         raw.pop("expected_reason", None)
@@ -112,7 +114,8 @@ class Run:
         self.errors: list[str] = []
         self.timings: dict[str, float | None] = {k: None for k in (
             "deploy_s", "first_op_s", "workload_s", "heal_s", "settle_s", "final_reads_s", "teardown_s",
-            "merge_s", "check_s", "report_s", "last_op_to_report_s", "run_to_first_op_s", "total_s")}
+            "merge_s", "check_s", "report_s", "last_op_to_report_s", "run_to_first_op_s", "total_s",
+            "nemesis_start_s")}
         self.cluster: Any = None
         self.cluster_name = f"r{uuid.uuid4().hex[:5]}"
         self.service_url = ""
@@ -230,8 +233,8 @@ class Run:
         if spec.nemesis or spec.nemesis_schedule:
             from nemesis.combine import NemesisRunner, Scheduled
             self.nemesis_journal = Journal(store.journal_dir(self.run_dir) / store.NEMESIS_JOURNAL, self.t0_ns)
-            schedule = [Scheduled(at=float(e["at"]), name=e["name"], hold=e.get("hold"), grudge=e.get("grudge"))
-                        for e in spec.nemesis_schedule]
+            schedule = [Scheduled(at=float(e["at"]), name=e["name"], hold=e.get("hold"), grudge=e.get("grudge"),
+                                  plan=e.get("plan")) for e in spec.nemesis_schedule]
             self.nemesis = NemesisRunner(self.cluster, list(spec.nemesis), spec.nemesis_interval,
                                          random.Random(f"{spec.seed}:nemesis"), self.nemesis_journal,
                                          list(self.topics), overlap=spec.nemesis_overlap,
@@ -240,6 +243,8 @@ class Run:
             # faults start with the workload's first op (not during the clients' set-up)
             self.progress.first_op.wait(min(NEMESIS_START_WAIT_S, spec.time_limit))
             self.nemesis_thread = threading.Thread(target=self._run_nemesis, name="nemesis", daemon=True)
+            # when the faults' clock starts (a schedule's `at` counts from here): a replay's times
+            self.timings["nemesis_start_s"] = round((time.monotonic_ns() - self.t0_ns) / 1e9, 3)
             self.nemesis_thread.start()
         while any(p.poll() is None for p in self.workers) and time.monotonic() < t0 + spec.time_limit:
             time.sleep(0.2)

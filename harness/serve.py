@@ -156,6 +156,30 @@ def simulations_table(sims: list[dict[str, Any]]) -> str:
             "<th>the seed's</th><th>files</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
 
 
+def find_shrinks(root: Path) -> list[dict[str, Any]]:
+    """Every shrink folder (`pulsar-chaos shrink`) under root: what it shrank, to what, its page."""
+    from harness.shrink import SHRINK_HTML, SHRINK_JSON, Candidate, signature_text
+    out = []
+    for sj in sorted(root.glob(f"shrinks/*/*/{SHRINK_JSON}")):
+        state = _read_json(sj) or {}
+        d = sj.parent
+        try:
+            start, best = Candidate.from_json(state["start"]), Candidate.from_json(state["best"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        v = state.get("verification") or {}
+        out.append({"path": d.relative_to(root).as_posix(), "date": _date(d.name),
+                    "original": str(state.get("original", "")),
+                    "failure": signature_text(frozenset(tuple(p) for p in state.get("signature") or [])),
+                    "from": f"{len(start.faults)} faults, {start.time_limit:g}s",
+                    "to": f"{len(best.faults)} faults ({', '.join(f.name for f in best.faults) or 'none'}), "
+                          f"{best.time_limit:g}s",
+                    "reproduced": f"{v['reproduced']}/{v['tries']}" if v else "",
+                    "candidates": len(state.get("steps") or []),
+                    "page": (d / SHRINK_HTML).is_file()})
+    return out
+
+
 # ------------------------------------------------------------------------------------ pages
 
 CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:20px;color:#1a1a1a}h1{margin:0 0 4px}
@@ -254,10 +278,24 @@ def index_page(root: Path) -> str:
         ctab = ("<table id='campaigns'><thead><tr><th>date</th><th>campaign</th><th>runs</th><th>met</th>"
                 "<th>not met</th><th>unknown / not run</th><th>links</th></tr></thead><tbody>"
                 + "".join(crow) + "</tbody></table>")
+    shrinks = find_shrinks(root)
+    stab = ""
+    if shrinks:
+        srow = []
+        for x in shrinks:
+            links = ([f'<a href="/files/{_e(x["path"])}/shrink.html">shrink.html</a>'] if x["page"] else []) + \
+                [f'<a href="/files/{_e(x["path"])}/minimal.toml">minimal.toml</a>',
+                 f'<a href="/files/{_e(x["path"])}/">files</a>']
+            srow.append(f"<tr><td>{_e(x['date'])}</td><td>{_e(x['original'])}</td><td>{_e(x['failure'])}</td>"
+                        f"<td>{_e(x['from'])}</td><td>{_e(x['to'])}</td><td>{_e(x['reproduced'])}</td>"
+                        f"<td>{x['candidates']}</td><td>{' '.join(links)}</td></tr>")
+        stab = ("<h2>Shrinks</h2><table id='shrinks'><thead><tr><th>date</th><th>run</th><th>failure</th>"
+                "<th>from</th><th>to</th><th>reproduced</th><th>candidates</th><th>links</th></tr></thead><tbody>"
+                + "".join(srow) + "</tbody></table>")
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>pulsar-chaos results</title>'
             f"<style>{CSS}</style></head><body><h1>pulsar-chaos results</h1>"
             f'<p class="muted">{_e(root.resolve())} &middot; {len(rows)} runs, {len(camps)} campaigns</p>'
-            f"<h2>Verdicts by night</h2>{trend_svg(rows)}<h2>Campaigns</h2>{ctab}"
+            f"<h2>Verdicts by night</h2>{trend_svg(rows)}<h2>Campaigns</h2>{ctab}{stab}"
             f"<h2>Simulations</h2>{simulations_table(find_simulations(root))}"
             f'<h2>Runs</h2><p><input id="filter" type="search" placeholder="filter: words that every row shown '
             f'must contain (e.g. invalid queue)" autofocus> <span class="muted"><span id="shown">{len(rows)}'

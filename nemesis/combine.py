@@ -49,6 +49,8 @@ class Scheduled:
     name: str
     hold: float | None = None
     grudge: dict[str, list[str]] | None = None
+    # the fault's draws and targets as a run journaled them (a replay): used instead of new draws
+    plan: dict[str, Any] | None = None
 
 
 class NemesisRunner:
@@ -151,7 +153,7 @@ class NemesisRunner:
             while pending and pending[0].at <= now:
                 entry = pending.pop(0)
                 nem = make(entry.name, grudge=entry.grudge)
-                self._start(nem)
+                self._start(nem, entry.plan)
                 if nem.is_active() and entry.hold is not None:
                     running.append((entry.at + entry.hold, nem))
             wakes = [d for d, _ in running] + ([pending[0].at] if pending else [])
@@ -226,18 +228,23 @@ class NemesisRunner:
             log.exception("journaling nemesis op %s", op.f)
             return op
 
-    def _start(self, nem: Nemesis) -> None:
+    def _start(self, nem: Nemesis, given: dict[str, Any] | None = None) -> None:
+        """Start `nem` with new draws (`choose`), or with a plan a run journaled (`given`: a replay).
+        The invoke journals the plan, with the whole fault name (`fault`: kill:owner) when it has a
+        parameter, so that a replay knows which fault to make."""
         with self._lock:
             f = start_f(nem.name)
+            full = getattr(nem, "fault_name", nem.name)
+            named = {"fault": full} if full != nem.name else {}
             try:
-                plan = nem.choose(self.ctx)
+                plan = dict(given) if given is not None else nem.choose(self.ctx)
             except Exception as e:           # nothing was done: the fault failed
                 log.warning("nemesis %s could not start: %s", nem.name, _error(e))
-                inv = self._journal(Op(process=NEMESIS_PROCESS, type=INVOKE, f=f))
+                inv = self._journal(Op(process=NEMESIS_PROCESS, type=INVOKE, f=f, value=named or None))
                 self._journal(inv.complete(FAIL, error=_error(e)))
                 return
             inv = self._journal(Op(process=NEMESIS_PROCESS, type=INVOKE, f=f, key=_key(plan),
-                                   value=plan, node=_node(plan)))
+                                   value={**plan, **named} if isinstance(plan, dict) else plan, node=_node(plan)))
             try:
                 value = nem.start(self.ctx, plan)
             except Exception as e:

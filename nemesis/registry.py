@@ -144,7 +144,9 @@ def make(spec: str, grudge: dict[str, list[str]] | None = None) -> Nemesis:
     if param is not None and fault.param == "TARGET":
         check_name(param)
     try:
-        return fault.factory(param, grudge=grudge) if fault.takes_grudge else fault.factory(param)
+        nem = fault.factory(param, grudge=grudge) if fault.takes_grudge else fault.factory(param)
+        nem.fault_name = spec.strip()         # the whole name (kill:owner), journaled for replays
+        return nem
     except FaultNameError:
         raise
     except ValueError as e:          # a parameter the nemesis itself refuses (kill-role:nobody)

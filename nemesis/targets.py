@@ -18,7 +18,8 @@ Random draws are split from resolution: `draw(ctx, selector)` makes the selector
 nothing else), always the same number for a given selector and layout, whatever the cluster's state
 (the role pools hold every node of the role, live or not; a topic is drawn from `ctx.topics`);
 `resolve(ctx, selector, plan=draw)` then asks the cluster. A nemesis calls `draw` in `choose` and
-`resolve` in `start`, so a seed replays the same draws on the same layout.
+`resolve` in `start`, so a seed replays the same draws on the same layout. A plan with `pinned`
+(node names: a replay of a run's fault, `harness/shrink.py`) resolves to those nodes without asking.
 
 The questions asked of the cluster (`internalStats`, a znode, `srvr`) go through a `Probes` object,
 so unit tests can answer them without a cluster.
@@ -181,14 +182,15 @@ def plan_nodes(ctx: NemesisContext, plan: dict[str, Any]) -> tuple[list[str], di
     """The nodes a fault's plan hits now, and what to record of how they were found: a plan drawn
     without a selector names its node; one with a selector is resolved now."""
     if "selector" not in plan:
-        return [plan["node"]], {}
+        return list(plan.get("nodes") or [plan["node"]]), {}
     found = resolve_plan(ctx, plan)
     return list(found["nodes"]), {"selector": plan["selector"], "target": found}
 
 
 def resolve_plan(ctx: NemesisContext, plan: dict[str, Any]) -> dict[str, Any]:
     """resolve() of a nemesis plan that holds an earlier draw ({"selector", "node" or "topic", ...})."""
-    return resolve(ctx, plan["selector"], plan={k: plan[k] for k in ("selector", "node", "topic") if k in plan})
+    return resolve(ctx, plan["selector"], plan={k: plan[k] for k in ("selector", "node", "topic", "pinned")
+                                                if k in plan})
 
 
 def resolve(ctx: NemesisContext, selector: str, topic: str | None = None, *,
@@ -199,6 +201,12 @@ def resolve(ctx: NemesisContext, selector: str, topic: str | None = None, *,
     naming the selector and the valid ones when it cannot be resolved."""
     if plan is not None and plan.get("selector", selector) != selector:
         raise _fail(selector, f"plan {plan} was drawn for another selector", ctx)
+    if plan is not None and plan.get("pinned"):
+        # a replay of a run's fault on the nodes it resolved to then, whatever the selector says now
+        found = {"selector": selector, "nodes": list(plan["pinned"]), "pinned": True}
+        if plan.get("topic"):
+            found["topic"] = plan["topic"]
+        return found
     if plan is None or ((selector == "random" or selector in ROLES) and "node" not in plan) \
             or (selector in TOPIC_SELECTORS and not plan.get("topic")):
         plan = draw(ctx, selector, topic or (plan or {}).get("topic") or None)

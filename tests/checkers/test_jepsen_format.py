@@ -264,7 +264,6 @@ def _write(tmp_path, name, text):
     ("\n  \n", "jepsen-edn", "is empty"),
     ("root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n", "auto",
      "has no client op"),
-    ("{:process :nemesis, :type :info, :f :start, :value nil}\n", "auto", "has no client op"),
 ])
 def test_no_client_op_is_an_error_naming_the_file(tmp_path, text, fmt, what):
     p = _write(tmp_path, "passwd", text)
@@ -295,3 +294,23 @@ def test_read_log_columns_aligned_with_spaces(tmp_path):
     assert [(o.process, o.type, o.f, o.value, o.error) for o in ops] == [
         (1, "invoke", "cas", [1, 2], ""), (1, "fail", "cas", [1, 2], "precondition-failed"),
         (0, "invoke", "read", None, ""), (0, "ok", "read", 3, "")]
+
+
+@pytest.mark.parametrize("name,text,fmt", [
+    ("h.edn", "{:process :nemesis, :type :info, :f :start, :value nil}\n"
+              "{:process :nemesis, :type :info, :f :stop, :value nil}\n", "auto"),
+    ("jepsen.log", "INFO  jepsen.util - :nemesis\t:info\t:start\tnil\n"
+                   "INFO  jepsen.util - :nemesis\t:info\t:stop\tnil\n", "jepsen-log"),
+    ("history.jsonl", '{"process": -1, "type": "invoke", "f": "start-kill", "value": null}\n'
+                      '{"process": -1, "type": "ok", "f": "start-kill", "value": {"node": "bookie-1"}}\n', "auto"),
+])
+def test_a_history_of_nemesis_ops_only_is_valid_with_a_note(capsys, tmp_path, name, text, fmt):
+    p = _write(tmp_path, name, text)
+    nem: list[int] = []
+    ops = read_history(p, fmt, nemesis=nem)
+    assert not [op for op in ops if op.process >= 0] and len(nem) == 2
+    rc, out, err = lin(capsys, "--model", "cas-register", "--format", fmt, str(p))
+    assert rc == 0 and err == "", (rc, err)
+    assert out.startswith("valid: no client op to check (2 nemesis ops only)"), out
+    rc, out, _ = lin(capsys, "--model", "kv", "--json", str(p))
+    assert rc == 0 and json.loads(out)["valid"] is True and json.loads(out)["stats"]["nemesis_ops"] == 2

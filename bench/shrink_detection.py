@@ -1,0 +1,81 @@
+"""Shrink failing runs of campaigns/detection.toml's knob scenarios.
+
+For each scenario named: run its spec (as the campaign file gives it, with the knob) for seeds from
+1000 upwards until one fails (at most --max-seeds), then `pulsar-chaos shrink` that run with one try a
+candidate and --verify reruns of the minimal spec. Prints, per scenario, the faults before and after,
+the minimal run's time limit and load, the wall time of the search and how often the minimal spec
+reproduced.
+
+    .venv/bin/python bench/shrink_detection.py zk-isolate power-loss [--verify 5] [--max-hours 0.5]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+SCENARIOS = {        # the knob entries of campaigns/detection.toml (time limits and intervals as there)
+    "zk-isolate": ["--workload", "log", "--nemesis", "zk-isolate", "--nemesis-interval", "15", "--time-limit", "35",
+                   "--settle", "5", "--bug", "broker.recovery_fencing=false"],
+    "power-loss": ["--workload", "log", "--nemesis", "power-loss", "--nemesis-interval", "10", "--time-limit", "30",
+                   "--settle", "5", "--bug", "bookie.ack_before_fsync=true"],
+    "queue": ["--workload", "queue", "--nemesis", "kill:ledger-bookies,flaky:owner", "--nemesis-interval", "10",
+              "--time-limit", "30", "--settle", "5", "--option", "dedup=true", "--bug", "broker.dedup_pushed_only=true"],
+    "split": ["--workload", "balance", "--nemesis", "split", "--nemesis-interval", "2", "--brokers", "3",
+              "--topics", "40", "--time-limit", "40", "--settle", "5",
+              "--lb-setting", "loadBalancerReportUpdateMinIntervalMillis=1000", "--bug", "broker.split_without_cas=true"],
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("scenarios", nargs="+", choices=sorted(SCENARIOS))
+    ap.add_argument("--verify", type=int, default=5)
+    ap.add_argument("--max-hours", type=float, default=0.5, help="per shrink")
+    ap.add_argument("--max-seeds", type=int, default=3)
+    ap.add_argument("--results-dir", default="/tmp/shrink-detection")
+    ap.add_argument("--json", help="append the figures to this file (JSON lines)")
+    args = ap.parse_args(argv)
+    exe = [sys.executable, "-m", "harness.cli"]
+    from harness.shrink import Candidate
+    for name in args.scenarios:
+        run_dir = None
+        for seed in range(1000, 1000 + args.max_seeds):
+            test = f"{name}-{seed}"
+            code = subprocess.run([*exe, "run", *SCENARIOS[name], "--seed", str(seed), "--test-name", test,
+                                   "--results-dir", args.results_dir], cwd=REPO,
+                                  stdout=subprocess.DEVNULL).returncode
+            if code == 1:
+                run_dir = max((Path(args.results_dir) / test).iterdir())
+                break
+        if run_dir is None:
+            print(f"{name}: no failing seed in {args.max_seeds}")
+            continue
+        t = time.monotonic()
+        code = subprocess.run([*exe, "shrink", str(run_dir), "--tries", "1", "--verify", str(args.verify),
+                               "--max-hours", str(args.max_hours), "--results-dir", args.results_dir],
+                              cwd=REPO).returncode
+        seconds = time.monotonic() - t
+        sdir = max((Path(args.results_dir) / "shrinks" / run_dir.parent.name).iterdir())
+        state = json.loads((sdir / "shrink.json").read_text())
+        start, best = Candidate.from_json(state["start"]), Candidate.from_json(state["best"])
+        v = state.get("verification") or {}
+        fig = {"scenario": name, "seed": seed, "exit": code, "failure": state.get("signature"),
+               "before": start.describe(), "after": best.describe(), "candidates": len(state["steps"]),
+               "search_s": round(seconds), "reproduced": f"{v.get('reproduced')}/{v.get('tries')}",
+               "stopped": state.get("stopped"), "folder": str(sdir)}
+        print(json.dumps(fig, indent=1), flush=True)
+        if args.json:
+            with open(args.json, "a") as f:
+                f.write(json.dumps(fig) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
