@@ -268,13 +268,17 @@ def _figures(scenario: str, run_dir: Path) -> dict[str, Any]:
     if scenario == "scale":
         events, moves = scale_measure(run_dir)
         st = balance.check(history, {"target_topic_spread": float("inf"), **BAND}).stats
-        ats = [e["at_s"] for e in events] + [float("inf")]
+        # each phase from its op's invocation (a leaving broker's own transfers happen within its stop)
+        ops = _fault_ops(history, "scale")
+        ats = sorted(op.time_ns / 1e9 for op in ops if op.type == INVOKE)[:len(events)] + [last_send / 1e9]
         rows = []
         for i, e in enumerate(events):
-            n = sum(1 for m in st["moves"] if m["kind"] != "split" and m["t_s"] is not None
-                    and ats[i] <= m["t_s"] < ats[i + 1])
+            moved = [m for m in st["moves"] if m["kind"] != "split" and m["t_s"] is not None
+                     and ats[i] <= m["t_s"] < ats[i + 1]]
             rows.append({"kind": e["kind"], "brokers": e["brokers"], "at_s": e["at_s"],
-                         "balanced_after_s": e["15 s band"], "unloads": n})
+                         "balanced_after_s": e["15 s band"],
+                         "unloads": sum(1 for m in moved if str(m["reason"]).startswith("shed")),
+                         "shutdown_transfers": sum(1 for m in moved if m["reason"] == "shutdown")})
         return {"events": rows, "unloads": moves.get("unloads"), "unloads_by_reason": moves.get("unloads_by_reason")}
     st = balance.check(history, {"target_topic_spread": float("inf")}).stats
     t_first = min((i for ss in sends.values() for i, _, _ in ss), default=0) / 1e9
@@ -313,9 +317,10 @@ FIGURES: list[tuple[str, str, Any]] = [
     ("rolling", "failed sends", lambda f: f.get("failed")),
     ("rolling", "verdict", lambda f: f.get("verdict")),
     ("scale", "6 -> 3: balanced after (s)", lambda f: _ev(f, "leave", "balanced_after_s")),
-    ("scale", "6 -> 3: unloads", lambda f: _ev(f, "leave", "unloads")),
+    ("scale", "6 -> 3: unloads by the shedder", lambda f: _ev(f, "leave", "unloads")),
+    ("scale", "6 -> 3: transfers by the leaving brokers", lambda f: _ev(f, "leave", "shutdown_transfers")),
     ("scale", "3 -> 6: balanced after (s)", lambda f: _ev(f, "join", "balanced_after_s")),
-    ("scale", "3 -> 6: unloads", lambda f: _ev(f, "join", "unloads")),
+    ("scale", "3 -> 6: unloads by the shedder", lambda f: _ev(f, "join", "unloads")),
     ("scale", "verdict", lambda f: f.get("verdict")),
     ("split", "splits (limit reached after s)", lambda f: f"{f.get('splits')} ({f.get('last_split_s')})"),
     ("split", "balanced after (s)", lambda f: f.get("balanced_after_s")),
