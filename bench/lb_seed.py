@@ -297,21 +297,20 @@ def _figures(scenario: str, run_dir: Path) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- the table
 
-def _med(xs: list[float | None]) -> str:
-    xs2 = [x for x in xs if x is not None]
-    return "-" if not xs2 else f"{statistics.median(xs2):g}"
+def _num(v: float) -> str:
+    return f"{v:.0f}" if float(v).is_integer() or abs(v) >= 100 else f"{v:.1f}"
 
 
-def _cell(rows: list[dict], fn) -> str:
-    """Per-seed values `a / b / c` (seed order), then the median over the seeds that have one."""
+def _cell(rows: list[dict], fn, none: str = "never") -> str:
+    """Per-seed values `a / b / c` (seed order), then the median over the seeds that have a number."""
     vals = [fn(r) for r in sorted(rows, key=lambda r: r["seed"])]
-    shown = ["never" if v is None else f"{v:g}" if isinstance(v, (int, float)) else str(v) for v in vals]
+    shown = [none if v is None else _num(v) if isinstance(v, (int, float)) else str(v) for v in vals]
     nums = [v for v in vals if isinstance(v, (int, float))]
-    return " / ".join(shown) + (f" (median {_med(nums)})" if len(vals) > 1 else "")
+    return " / ".join(shown) + (f" (median {_num(statistics.median(nums))})" if len(vals) > 1 and nums else "")
 
 
-FIGURES: list[tuple[str, str, Any]] = [
-    # (scenario, figure, function of a row's figures)
+FIGURES: list[tuple[Any, ...]] = [
+    # (scenario, figure, function of a row's figures[, what None means])
     ("storm", "all producers publish again after (s)", lambda f: f.get("all_back_s")),
     ("storm", "topics interrupted", lambda f: f.get("interrupted")),
     ("storm", "verdict", lambda f: f.get("verdict")),
@@ -320,14 +319,14 @@ FIGURES: list[tuple[str, str, Any]] = [
     ("rolling", "longest per-topic gap (s)", lambda f: f.get("longest_gap_s")),
     ("rolling", "failed sends", lambda f: f.get("failed")),
     ("rolling", "verdict", lambda f: f.get("verdict")),
-    ("scale", "6 -> 3: balanced after (s)", lambda f: _ev(f, "leave", "balanced_after_s")),
+    ("scale", "6 -> 3: balanced after (s)", lambda f: _ev(f, "leave", "balanced_after_s"), "not settled"),
     ("scale", "6 -> 3: unloads by the shedder", lambda f: _ev(f, "leave", "unloads")),
     ("scale", "6 -> 3: transfers by the leaving brokers", lambda f: _ev(f, "leave", "shutdown_transfers")),
-    ("scale", "3 -> 6: balanced after (s)", lambda f: _ev(f, "join", "balanced_after_s")),
+    ("scale", "3 -> 6: balanced after (s)", lambda f: _ev(f, "join", "balanced_after_s"), "not settled"),
     ("scale", "3 -> 6: unloads by the shedder", lambda f: _ev(f, "join", "unloads")),
     ("scale", "verdict", lambda f: f.get("verdict")),
-    ("split", "bundles at the last send (the last split, s)", lambda f: f"{f.get('bundles')} ({f.get('last_split_s')})"),
-    ("split", "balanced after (s)", lambda f: f.get("balanced_after_s")),
+    ("split", "bundles at the last send (the last split, s)", lambda f: f"{f.get('bundles')} ({_num(f['last_split_s']) if f.get('last_split_s') is not None else '-'})"),
+    ("split", "balanced after (s)", lambda f: f.get("balanced_after_s"), "not settled"),
     ("split", "max - min topics per broker", lambda f: f.get("topic_spread")),
     ("split", "unloads by the shedder", lambda f: f.get("shed_unloads")),
     ("split", "verdict", lambda f: f.get("verdict")),
@@ -343,15 +342,15 @@ def table(rows: list[dict]) -> str:
     the seed's figure of the scenario."""
     out = ["| scenario | figure | modular (seeds " + ", ".join(str(s) for s in sorted({r["seed"] for r in rows}))
            + ") | extensible | the seed's (modular, extensible) |", "|---|---|---|---|---|"]
-    for sc, fig, fn in FIGURES:
+    for sc, fig, fn, *none in FIGURES:
         by = {lm: [r for r in rows if r["scenario"] == sc and r["load_manager"] == lm] for lm in LOAD_MANAGERS}
         if not any(by.values()):
             continue
         cells = []
         for lm in LOAD_MANAGERS:
             ok = [r for r in by[lm] if "figures" in r and "error" not in r["figures"]]
-            cells.append(_cell(ok, lambda r: fn(r["figures"])) if ok else "not run")
-        first = fig == next(f for s, f, _ in FIGURES if s == sc)
+            cells.append(_cell(ok, lambda r: fn(r["figures"]), *none) if ok else "not run")
+        first = fig == next(f[1] for f in FIGURES if f[0] == sc)
         out.append(f"| {sc if first else ''} | {fig} | {cells[0]} | {cells[1]} | "
                    f"{SCENARIOS[sc]['seed_figure'] if first else ''} |")
     loads = [x for r in rows for x in (r.get("load_before"), r.get("load_after")) if x is not None]
