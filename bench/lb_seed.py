@@ -340,8 +340,8 @@ def _ev(f: dict, kind: str, key: str) -> Any:
 def table(rows: list[dict]) -> str:
     """One markdown row per figure: per load manager the per-seed values and their median; beside it
     the seed's figure of the scenario."""
-    out = ["| scenario | figure | modular (seeds " + ", ".join(str(s) for s in sorted({r["seed"] for r in rows}))
-           + ") | extensible | the seed's (modular, extensible) |", "|---|---|---|---|---|"]
+    out = ["| scenario (seeds) | figure | modular: per seed (median) | extensible: per seed (median) "
+           "| the seed's (modular, extensible) |", "|---|---|---|---|---|"]
     for sc, fig, fn, *none in FIGURES:
         by = {lm: [r for r in rows if r["scenario"] == sc and r["load_manager"] == lm] for lm in LOAD_MANAGERS}
         if not any(by.values()):
@@ -351,7 +351,8 @@ def table(rows: list[dict]) -> str:
             ok = [r for r in by[lm] if "figures" in r and "error" not in r["figures"]]
             cells.append(_cell(ok, lambda r: fn(r["figures"]), *none) if ok else "not run")
         first = fig == next(f[1] for f in FIGURES if f[0] == sc)
-        out.append(f"| {sc if first else ''} | {fig} | {cells[0]} | {cells[1]} | "
+        seeds = ", ".join(str(x) for x in sorted({r["seed"] for r in by["modular"] + by["extensible"]}))
+        out.append(f"| {f'{sc} ({seeds})' if first else ''} | {fig} | {cells[0]} | {cells[1]} | "
                    f"{SCENARIOS[sc]['seed_figure'] if first else ''} |")
     loads = [x for r in rows for x in (r.get("load_before"), r.get("load_after")) if x is not None]
     if loads:
