@@ -406,7 +406,12 @@ def main() -> int:
                                                           "each run folder that still exists)")
     args = p.parse_args()
     if args.measure:
-        rows = [json.loads(line) for line in Path(args.measure).read_text().splitlines() if line.strip()]
+        try:
+            rows = [json.loads(line) for line in Path(args.measure).read_text().splitlines() if line.strip()]
+        except (OSError, ValueError) as e:
+            print(f"lb_seed: cannot read {args.measure} ({e}); give the raw.jsonl a run of this bench wrote",
+                  file=sys.stderr)
+            return 254
         for r in rows:
             if r.get("run_dir") and Path(r["run_dir"]).exists():
                 r["figures"] = measure(r["scenario"], Path(r["run_dir"]))
