@@ -5,18 +5,20 @@ on real netns clusters, with the modular and the extensible load manager side by
                  after a few seconds, the next one a few seconds later): time until every producer
                  publishes again (from the first broker's stop)
     (b) rolling  brokers restarted one by one (`rolling-restart:broker+stop`) under steady publishing:
-                 p99 and p99.99 publish latency of the sends invoked during the restart (and the 10 s
-                 after its last broker is ready), the longest
-                 per-topic gap between acknowledged sends, the failed sends
-    (c) scale    6 -> 3 and 3 -> 6 brokers (`scale:3`): time to a balanced cluster after each and the
-                 unloads in each phase (bench/lb_scale.py's "15 s band" measure, settled)
+                 over the sends invoked from the restart's start to 10 s after its last broker is
+                 ready: p99 and p99.99 publish latency, the longest per-topic gap between
+                 acknowledged sends, the failed sends
+    (c) scale    6 -> 3 and 3 -> 6 brokers (`scale:3`): time to a balanced cluster after each
+                 (bench/lb_scale.py's "15 s band" measure, settled), the shedder's unloads in each
+                 phase and the leaving brokers' own transfers
     (d) split    one bundle (the namespace's only one) split up to the namespace's limit under load:
-                 the bundles at the last send and the time of the last split, the time to a balanced cluster (the same band,
-                 settled until the last send) and max - min topics per broker at the last send
+                 the bundles at the last send and the time of the last split, the time to a balanced
+                 cluster (the same band, settled until the last send), max - min topics per broker at
+                 the last send, the shedder's unloads
 
     .venv/bin/python -m bench.lb_seed [--seeds 1,2,3] [--scenarios storm,rolling,scale,split]
                                       [--load-managers modular,extensible] [--results DIR]
-    .venv/bin/python -m bench.lb_seed --measure RESULTS_JSONL      # the table again from the raw rows
+    .venv/bin/python -m bench.lb_seed --measure DIR/raw.jsonl      # the table again from the runs
 
 Runs go seed by seed (every cell of seed 1 first, so a partial table exists early), one cluster at a
 time. Each run's raw figures are appended to DIR/raw.jsonl as one JSON line as soon as it ends; at the
