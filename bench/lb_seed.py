@@ -167,8 +167,11 @@ def reconnect_time(sends: dict[str, list[tuple[int, int, str]]], t0: int, t1: in
             back[topic] = last
     never = sorted(t for t, v in back.items() if v is None)
     done = [v for v in back.values() if v is not None]
+    last = None if never else max(done) if done else t0
     return {"topics": len(sends), "interrupted": len(back), "never_back": never,
-            "all_back_s": None if never else round((max(done) - t0) / 1e9, 3) if done else 0.0}
+            "all_back_s": None if last is None else round((last - t0) / 1e9, 3),
+            # the same instant from t1 (negative: every topic was back before the last join)
+            "after_last_join_s": None if last is None else round((last - t1) / 1e9, 3)}
 
 
 def latency(sends: dict[str, list[tuple[int, int, str]]], t0: int, t1: int) -> dict[str, Any]:
@@ -314,6 +317,7 @@ def _cell(rows: list[dict], fn, none: str = "never") -> str:
 FIGURES: list[tuple[Any, ...]] = [
     # (scenario, figure, function of a row's figures[, what None means])
     ("storm", "all producers publish again after (s)", lambda f: f.get("all_back_s")),
+    ("storm", "... after the last broker's join (s)", lambda f: f.get("after_last_join_s")),
     ("storm", "topics interrupted", lambda f: f.get("interrupted")),
     ("storm", "verdict", lambda f: f.get("verdict")),
     ("rolling", "p99 publish latency (ms)", lambda f: f.get("p99_ms")),

@@ -33,7 +33,7 @@ def test_reconnect_time_is_the_last_interrupted_topic_back() -> None:
     })
     r = ls.reconnect_time(ls.sends_by_topic(h), 30 * S, 45 * S)
     assert r["interrupted"] == 2 and r["never_back"] == []
-    assert abs(r["all_back_s"] - 11.01) < 1e-6
+    assert abs(r["all_back_s"] - 11.01) < 1e-6 and abs(r["after_last_join_s"] - (41.01 - 45)) < 1e-6
 
 
 def test_reconnect_time_names_a_topic_that_never_came_back() -> None:
