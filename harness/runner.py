@@ -132,6 +132,7 @@ class Run:
         self.final_reads_done = False
         self.interrupted: str | None = None
         self.check_errors: list[str] = []
+        self.detection: dict[str, Any] = {}              # results.json's `detection` once checked
         self.torn_down = False
         self.cluster_dir: str | None = None
         self.started_at = store.now_iso()
@@ -434,6 +435,7 @@ class Run:
         valid = store.verdict(list(results.values())) if not (self.errors or check_errors) else "unknown"
         code = store.exit_code_for(valid)
         self.check_errors = check_errors
+        self.detection = detection_fields(history or [], results, valid)
         self._drop_cluster_data(valid)
         try:
             self._write_results(valid, code, results)
@@ -511,7 +513,7 @@ class Run:
                  "workers": self.workload.worker_count(self.spec), "step": self.step,
                  "final_reads": self.final_reads_done, "interrupted": self.interrupted,
                  "errors": list(self.errors), "timings": dict(self.timings)},
-            checkers=results, **expectation_fields(self.spec, valid))
+            checkers=results, **expectation_fields(self.spec, valid), **self.detection)
 
 
 def expectation_fields(spec: TestSpec | None, valid: Any) -> dict[str, Any]:
@@ -522,6 +524,17 @@ def expectation_fields(spec: TestSpec | None, valid: Any) -> dict[str, Any]:
         return {"expected": None, "expected_reason": "no readable test.toml", "expectation_met": None}
     e = spec.expectation(CATALOG)
     return {"expected": e.expected, "expected_reason": e.reason, "expectation_met": met(e.expected, valid)}
+
+
+def detection_fields(history: list[Any], results: dict[str, Any], valid: Any) -> dict[str, Any]:
+    """results.json's `detection`: the time to first detection of an invalid run (core/detection.py), else
+    null; a failure to compute it is logged and left null, never failing the run."""
+    from core.detection import detection_of
+    try:
+        return {"detection": detection_of(history, results, valid)}
+    except Exception:
+        log.error("time to first detection failed:\n%s", traceback.format_exc())
+        return {"detection": None}
 
 
 def expectation_line(spec: TestSpec | None, valid: Any) -> str:
@@ -639,7 +652,8 @@ def recheck(run_dir: Path | str, out: TextIO | None = sys.stdout, require_ops: b
     code = store.exit_code_for(valid)
     errors = run_errors + check_errors
     store.write_results(run_dir, valid=valid, exit_code=code, error="; ".join(errors) or None, run=run_info,
-                        checkers=results, checked_at=store.now_iso(), **expectation_fields(spec, valid))
+                        checkers=results, checked_at=store.now_iso(), **expectation_fields(spec, valid),
+                        **detection_fields(history, results, valid))
     if out is not None:
         why = f" ({'; '.join(errors)})" if errors else ""
         print(f"{run_dir}: {len(history)} ops; verdict: {_verdict_word(valid)}{why}; "
