@@ -579,6 +579,24 @@ def _campaign(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
 
+def _detection_args(p: argparse.ArgumentParser) -> None:
+    _strict_usage(p)
+    p.add_argument("dirs", nargs="*", metavar="CAMPAIGN_DIR",
+                   help="a campaign folder (results/campaigns/<name>/<time>), or the folders of its shards")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a markdown table")
+
+
+@command("detection", "print a campaign's detection matrix as a markdown table, without Spark: per bug knob or "
+                      "unsafe setting and scenario, detected/runs (target 4 of 5), anomaly types, mean time to "
+                      "first detection, false alarms without it", _detection_args)
+def _detection(args: argparse.Namespace) -> int:
+    from harness import detection_table
+    try:
+        return detection_table.main(args.dirs, as_json=args.json)
+    except detection_table.DetectionInputError as e:
+        raise UserError(str(e)) from None
+
+
 def _shrink_args(p: argparse.ArgumentParser) -> None:
     _strict_usage(p)
     p.add_argument("run_dir", metavar="RUN", help="a run folder that failed (verdict invalid), e.g. results/latest")
