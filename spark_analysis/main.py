@@ -29,8 +29,8 @@ from spark_analysis.inputs import InputError, Run, Skipped, has_scheme  # noqa: 
 # cluster: one line, no traceback)
 EXIT_OK, EXIT_USER_ERROR, EXIT_SPARK_FAILED = EXIT_VALID, EXIT_USAGE, EXIT_CRASH
 MAX_SUMMARY_ROWS = 15          # configurations printed as they are; more are rolled up
-TABLES = ("runs", "skipped", "anomalies", "anomaly_counts", "by_config", "detection", "perf_by_state",
-          "unavailability", "recovery", "trends")
+TABLES = ("runs", "skipped", "anomalies", "anomaly_counts", "by_config", "detection", "detection_matrix",
+          "perf_by_state", "unavailability", "recovery", "trends")
 
 
 @dataclass
