@@ -298,7 +298,7 @@ def matrix(facts: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 def markdown(rows: list[Mapping[str, Any]]) -> str:
     """The matrix as a markdown table: a row per cause and scenario (one short of its target kept and
-    marked), then the scenarios run only without any cause (their false alarms)."""
+    marked with what its missed runs ended as: judged valid, or without a verdict), then the scenarios run only without any cause (their false alarms)."""
     head = ["knob or unsafe setting", "scenario", "detected", "anomaly types", "mean time to first detection (s)",
             "false alarms without it"]
     out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
@@ -307,10 +307,13 @@ def markdown(rows: list[Mapping[str, Any]]) -> str:
     short = 0
     for r in causes:
         det = f"{r['invalid']}/{r['runs']}"
-        if not r["meets_target"]:
-            det += f" (short of {math.ceil(TARGET_RATE * r['runs'] - 1e-9)}/{r['runs']})"
-            short += 1
+        missed = [f"{r['with_verdict'] - r['invalid']} judged valid"] if r["with_verdict"] > r["invalid"] else []
         if r["with_verdict"] < r["runs"]:
+            missed.append(f"{r['runs'] - r['with_verdict']} without a verdict")
+        if not r["meets_target"]:
+            det += f" (short of {math.ceil(TARGET_RATE * r['runs'] - 1e-9)}/{r['runs']}: {', '.join(missed)})"
+            short += 1
+        elif r["with_verdict"] < r["runs"]:
             det += f", {r['runs'] - r['with_verdict']} without a verdict"
         mean = "n/a" if r["mean_detection_s"] is None else f"{r['mean_detection_s']:.2f}"
         if r["detection_runs"] and r["detection_runs"] < r["invalid"]:

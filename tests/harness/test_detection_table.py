@@ -75,6 +75,8 @@ def test_the_table_counts_what_the_runs_say(campaign, capsys):
         none = want[("none", nem)]
         assert cells[5] == f"{none[0]}/{none[1]}"                # false alarms of the scenario without it
         assert ("short of 3/3" in cells[2]) == (inv < runs)     # target 80 % of 3 seeds: 3
+        if inv < runs:
+            assert f"short of 3/3: {runs - inv} judged valid)" in cells[2]
     assert got == {k: v for k, v in want.items() if k[0] != "none"}
     assert got[("bookie.ignore_fence=true", "kill,partition")][0] == 0        # duplicates alone: never caught
     assert got[("bookie.ack_before_fsync=true", "kill")][:2] == (3, 3)

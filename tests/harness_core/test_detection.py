@@ -175,7 +175,7 @@ def test_the_matrix_rows_targets_and_false_alarms():
     lines = md.splitlines()
     assert lines[0].startswith("| knob or unsafe setting | scenario | detected |")
     assert "| `knob=a` | s1 (k-s1) | 4/5 | log:lost | 2.33 (over 3) | 1/20 |" in lines
-    assert "| `knob=b` | s2 (k-s2) | 1/5 (short of 4/5), 1 without a verdict | log:lost | 3.00 | no run |" in lines
+    assert "| `knob=b` | s2 (k-s2) | 1/5 (short of 4/5: 3 judged valid, 1 without a verdict) | log:lost | 3.00 | no run |" in lines
     assert "| (none) | s3 (k-s3) | — | — | — | 0/2 |" in lines
     assert not any(ln.startswith("| (none) | s1") for ln in lines)           # shown in knob=a's row
     assert lines[-1] == "2 detection rows, 1 short of 80 %; false alarms 1/22 runs expected valid."
