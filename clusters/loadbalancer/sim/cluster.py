@@ -474,7 +474,10 @@ class Cluster:
             # nemesis stops them
             step = self.p.graceful_unload_ms if e.sequential else 0
             for i, b in enumerate(targets):
-                self.sim.after(i * step, self.stop_broker, b)
+                if step:
+                    self.sim.after(i * step, self.stop_broker, b)
+                else:
+                    self.stop_broker(b)
             self.sim.after(self.p.graceful_unload_ms + step * (len(targets) - 1) + 1,
                            lambda: self.nemesis.append((self.sim.now_ms, "ok", "start-scale",
                                                         {"role": "broker", "nodes": names})))
