@@ -121,7 +121,7 @@ REAL = {
     "modular": {"leave": [91.1, 46.2, 63.7, 14.0, 20.0], "join": [14.0, 61.0, 16.9, 111.5, 125.2],
                 "unloads": [52, 60, 47, 47, 53]},
     "extensible": {"leave": [None, None, None, None, None], "join": [None, None, None, None, None],
-                   "unloads": [15, 19, 0, 0, 0]},
+                   "unloads": [15, 19, 11, 4, 20]},
 }
 
 

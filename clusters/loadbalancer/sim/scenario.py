@@ -356,8 +356,8 @@ _add(Scenario(
     # ~20 s, as theirs); settling judged on 15-s averages as theirs; the brokers' rates recomputed every 5 s
     # (clusters/broker/service.py RATE_INTERVAL_S). The leaving brokers are drawn at random and stopped one
     # after another, as the scale nemesis does.
-    msg_rate=121.1, msg_size=89,
-    params={"nic_mbytes": 0.00896, "report_noise_kb": 0.106, "base_kb_s": 0.342, "system_msg_overhead_bytes": 34,
+    msg_rate=117.2, msg_size=92,
+    params={"nic_mbytes": 0.00896, "report_noise_kb": 0.096, "base_kb_s": 0.245, "system_msg_overhead_bytes": 37,
             "graceful_unload_ms": 3000, "topic_load_ms": 800, "topic_load_concurrency": 1, "balance_smooth_s": 15,
             "stats_interval_ms": 5000},
     events=(Event(at_s=60, kind="leave", count=3, random=True, sequential=True),
