@@ -65,12 +65,9 @@ def calibrate(run_dirs: list[str], start_s: float = 20.0) -> dict:
     against its mean message rate in (least squares): the wire bytes per message (`msg_size`) and a
     broker's bytes without topics (`base_kb_s`); the workload's sends per second (`msg_rate`); the wire
     bytes beyond a message's payload (`system_msg_overhead_bytes`, for the extensible load manager's
-    system-topic messages); each
-    report's deviation e from its broker's centred 15-s mean, var(e) = D x its KB/s over one report
-    (`report_noise_kb` = D; a Poisson count of D-KB lumps). None of these is a settling time or an
-    unload count."""
-
-
+    system-topic messages); each report's deviation e from its broker's centred 15-s mean,
+    var(e) = D x its KB/s over one report (`report_noise_kb` = D; a Poisson count of D-KB lumps). None of
+    these is a settling time or an unload count."""
     from core import store
 
     from bench.lb_scale import SETTINGS
@@ -165,7 +162,11 @@ def main() -> int:
     ap.add_argument("--sim-seeds", type=int, default=20, help="validate: seeds whose distribution is compared")
     a = ap.parse_args()
     if a.what == "calibrate":
-        print(json.dumps(calibrate(a.args)))
+        try:
+            print(json.dumps(calibrate(a.args)))
+        except ValueError as e:          # core.history.HistoryError is one
+            print(f"calibrate: {e}", file=sys.stderr)
+            return 254
         return 0
     if a.what == "one":
         print(json.dumps(one(a.args[0], a.args[1], a.fraction, a.seed), default=str))
@@ -187,7 +188,8 @@ def main() -> int:
                 print(f"| {f:g} | {o['size']['bundles']} | {o['size']['publishers']} | {lm} | {o['wall_s']} | "
                       f"{o['events']} | {o['max_rss_mb']} | {o['headline']} |", flush=True)
     else:
-        runs = {lm: [judged(lm, s) for s in range(1, max(a.seeds, a.sim_seeds) + 1)] for lm in ("modular", "extensible")}
+        n = max(a.seeds, a.sim_seeds)
+        runs = {lm: [judged(lm, s) for s in range(1, n + 1)] for lm in ("modular", "extensible")}
         print("| seed | load manager | 6 -> 3 settled after | 3 -> 6 settled after | the shedder's unloads |")
         print("|---|---|---|---|---|")
         for s in range(a.seeds):

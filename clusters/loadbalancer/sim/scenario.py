@@ -33,9 +33,9 @@ A scenario file is TOML:
 
 Event kinds: `restart` (the brokers stop gracefully and start again after params.broker_restart_ms;
 `spread_s`: the restarts are spread evenly over that many seconds; `sequential = true`: one after another,
-each when the previous one is back), `leave` (graceful stop, the highest-numbered live brokers; `random = true`: live brokers drawn with
-the run's seed, as the `scale` nemesis picks them; `sequential = true`: one after another, each when
-the previous one is gone), `join`
+each when the previous one is back), `leave` (graceful stop, the highest-numbered live brokers;
+`random = true`: live brokers drawn with the run's seed, as the `scale` nemesis picks them;
+`sequential = true`: one after another, each when the previous one is gone), `join`
 (the lowest-numbered absent brokers start), `hotspot` (`namespace` index and `factor`: that namespace's
 topics' rates times factor; `topics` = fraction of its topics, default all), `rate` (`factor` on every
 topic). A malformed file gives `ScenarioError`, one line naming the field and the fix.
@@ -363,6 +363,7 @@ _add(Scenario(
     events=(Event(at_s=60, kind="leave", count=3, random=True, sequential=True),
             Event(at_s=180, kind="join", count=3)),
     seed={"modular": "6 -> 3: 14-91 s, 3 -> 6: 14-125 s, 47-60 unloads (our real cluster, bench/README.md)",
+          "extensible": "not settled after either event in 5 of 5, 4-20 unloads (our real cluster, bench/README.md)",
           "ours": "settling time after each scale event (15 s band), unloads"}))
 _add(Scenario(
     name="tiny", metric="reconnect",
