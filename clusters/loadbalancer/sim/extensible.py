@@ -231,11 +231,11 @@ class ExtensibleCluster(Cluster):
         br = self.brokers[broker]
         bl = self.load[broker]
         changed = br.dirty
-        stats = self.broker_stats(br) if changed or not self.top_fresh.get(broker) else None
+        stats = self.broker_stats(br) if changed or not self.top_fresh.get(broker) or self.stats_ms else None
         u = self.usage(br)
         now = self.sim.now_ms
         if self.stats_ms and stats is not None:
-            # the broker's rates as its stats show them (recomputed every stats_interval_ms)
+            # the broker's rates as its stats show them (recomputed every stats_interval_ms: always read)
             sums = [sum(getattr(x, k) for x in stats.values())
                     for k in ("msgThroughputIn", "msgThroughputOut", "msgRateIn", "msgRateOut")]
             bl.update(u, *sums, len(br.bundles), br.topics, self.settings, now)
