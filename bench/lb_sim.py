@@ -112,8 +112,9 @@ def calibrate(run_dirs: list[str], start_s: float = 20.0) -> dict:
 
 
 # Our real cluster's runs of the same scenario (bench/lb_scale.py, judged with its "15 s band"; None: not
-# settled before the next event; unloads: the shedder's). modular: /work/lbscale14, 2026-11-27;
-# extensible: /work/lbscale-ext, 2026-11-28 (bench/README.md "Scale-in and scale-out").
+# settled before the next event; unloads: the shedder's). modular: /work/lbscale14, 2026-11-27 (its run
+# folders were not kept); extensible: /work/lbscale-ext, 2026-11-28 (bench/README.md "Scale-in and
+# scale-out"; `calibrate` reads these).
 REAL = {
     "modular": {"leave": [91.1, 46.2, 63.7, 14.0, 20.0], "join": [14.0, 61.0, 16.9, 111.5, 125.2],
                 "unloads": [52, 60, 47, 47, 53]},
