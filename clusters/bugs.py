@@ -66,7 +66,7 @@ _SHED = ("--workload balance --nemesis none --brokers 3 --topics 40 --time-limit
 _ROUND2 = "--nemesis kill,partition,zk-isolate --time-limit 60 --settle 10"
 _DISK_WIPE = ("--workload log --nemesis none --nemesis-schedule bench/disk_wipe_schedule.toml --topics 1 "
               "--ensemble 2 --write-quorum 2 --ack-quorum 2 --time-limit 50")
-# B1: the recoverer's fencing LAC read to the ensemble's last bookie is lost, and the (one) writer's adds to
+# B1: the recoverer's fencing LAC read to one bookie of the ensemble is lost, and the (one) writer's adds to
 # that bookie are 300 ms late, so its in-flight entry sits on the other bookie alone (Qa - 1 copies)
 _B1 = ("--workload ledger --nemesis none --concurrency 2 --ensemble 2 --write-quorum 2 --ack-quorum 2 "
        "--time-limit 20 --option recover_interval=1.0 --option ledger_max_entries=0 --option lost_fence=true "
@@ -76,10 +76,12 @@ _B1 = ("--workload ledger --nemesis none --concurrency 2 --ensemble 2 --write-qu
 _B2 = ("--workload ledger --nemesis none --bookies 4 --ensemble 2 --write-quorum 2 --ack-quorum 2 "
        "--time-limit 30 --option recover_interval=6.0 --option ledger_max_entries=0 --option lost_adds_from=50 "
        "--option lost_recovery_adds=true")
-# B12: BookKeeper's own example (E 2, Qw = Qa = 1), a bookie killed every 4 s, the writer's adds to its
-# ensemble's last bookie 20 ms late so that completed adds wait behind them when the other one dies
-_B12 = ("--workload ledger --nemesis kill:bookie --nemesis-interval 4 --ensemble 2 --write-quorum 1 "
-        "--ack-quorum 1 --rate 400 --time-limit 30 --option recover_interval=5.0 --option slow_adds_ms=20")
+# B12: BookKeeper's own example (E 2, Qw = Qa = 1), a random bookie killed every ~4 s; the writer's adds to one
+# bookie of the ensemble 20 ms late, so that the other's completed adds wait behind them when it dies, and its
+# metadata writes 50 ms late, so that the late adds complete while its ensemble change is in progress
+_B12 = ("--workload ledger --nemesis kill:bookie --nemesis-interval 2 --ensemble 2 --write-quorum 1 "
+        "--ack-quorum 1 --rate 400 --time-limit 30 --option recover_interval=20.0 --option slow_adds_ms=20 "
+        "--option slow_metadata_ms=50")
 
 # the order is the order of `pulsar-chaos bugs`
 REGISTRY: Registry[Knob] = Registry("bug knob", {

@@ -30,13 +30,16 @@ client gets them too (its recoveries are the system's).
 
 Targeted faults (options, off by default): one request type to one bookie lost or late, between the
 client and the bookie (clusters/bookkeeper/channel.py `RequestFault`), the way a one-way network fault
-of one connection would do it:
-  lost_fence          the recoverer's fencing LAC read to the last bookie of the ledger's ensemble is
-                      lost (it never arrives; coverage is reached without it)
-  slow_adds_ms        the writer's adds to the last bookie of its ensemble arrive this much later
+of one connection would do it. "The ledger's target bookie" is the one at index (ledger id mod E) of
+its ensemble (so that it is the first in some ledgers and the last in others):
+  lost_fence          the recoverer's fencing LAC read to the ledger's target bookie is lost (it never
+                      arrives; coverage is reached without it)
+  slow_adds_ms        the writer's adds to the ledger's target bookie arrive this much later
   lost_adds_from      the writer's adds of entry ids >= this are lost (to every bookie): the writer
                       replaces its whole ensemble, and the new last fragment stays empty
   lost_recovery_adds  the recoverer's recovery write-backs are lost
+  slow_metadata_ms    the writer's ledger metadata writes (an ensemble change's compare-and-set) reach
+                      ZooKeeper this much later
 """
 from __future__ import annotations
 
@@ -61,10 +64,12 @@ OPTIONS: dict[str, tuple[Any, str]] = {
                               "ledger (each wait is uniform in [0.5, 1.5] times this)"),
     "ledger_max_entries": (1000, "the writer closes its ledger and starts a new one after this many "
                                  "entries (0: only when fenced or broken)"),
-    "lost_fence": (False, "the recoverer's fencing LAC read to the last bookie of the ensemble is lost"),
-    "slow_adds_ms": (0, "the writer's adds to the last bookie of its ensemble are this many ms late"),
+    "lost_fence": (False, "the recoverer's fencing LAC read to the ledger's target bookie (index ledger id "
+                          "mod E of the ensemble) is lost"),
+    "slow_adds_ms": (0, "the writer's adds to the ledger's target bookie are this many ms late"),
     "lost_adds_from": (0, "the writer's adds of entry ids >= this are lost (0: none)"),
     "lost_recovery_adds": (False, "the recoverer's recovery write-backs are lost"),
+    "slow_metadata_ms": (0, "the writer's ledger metadata writes reach ZooKeeper this many ms late"),
 }
 VALUE_STRIDE = 10_000_000         # value = (adder + 1) * VALUE_STRIDE + n: unique across the run
 ROOT = "/pulsar-chaos/ledger"     # the registry znodes live under ROOT/<test name>-<run id>
@@ -134,6 +139,7 @@ class Client:
                  fault: Any = None):
         self.bugs = dict(bugs or {})
         self.fault = fault            # a RequestFault for the client's channel pool (targeted faults)
+        self.metadata_delay = 0.0     # seconds each metadata compare-and-set waits first (targeted fault)
         self.out = out or sys.stdout
         self.name = name
         self.loop = asyncio.new_event_loop()
@@ -172,6 +178,8 @@ class Client:
         if self.store is None:
             store = MetadataStore(self.zk_connect, session_timeout=ZK_SESSION_S, name=self.name)
             await store.start(timeout)          # raises on a timeout: a new session next time
+            if self.metadata_delay > 0:
+                store.set = _late(store.set, self.metadata_delay)     # type: ignore[method-assign]
             self.store = store
         if self.bk is None:
             from clusters.bugs import Knobs
@@ -378,8 +386,18 @@ def client_for(ctx: Context, role: str = "final") -> Client:
     _log_bookkeeper()
     c = Client(ctx.cluster.get("zk_connect", ""), ctx.name, ctx.out, bugs=ctx.spec.bugs)
     c.fault = request_fault(ctx.spec, role, c)
+    if "writer" in role:
+        c.metadata_delay = float(ctx.spec.options.get("slow_metadata_ms", 0) or 0) / 1000.0
     ctx.cleanups.append(c.close)
     return c
+
+
+def _late(fn: Callable[..., Any], delay: float) -> Callable[..., Any]:
+    """`fn` (a coroutine function) reaching its server `delay` seconds late."""
+    async def late(*args: Any, **kw: Any) -> Any:
+        await asyncio.sleep(delay)
+        return await fn(*args, **kw)
+    return late
 
 
 def request_fault(spec: TestSpec, role: str, client: Client) -> Any:
@@ -404,12 +422,12 @@ def request_fault(spec: TestSpec, role: str, client: Client) -> Any:
                 return DROP
             if slow:
                 lh = client.writer_handle
-                if lh is not None and lh.ledger_id == ledger and lh.ensemble[-1] == addr:
+                if lh is not None and lh.ledger_id == ledger and lh.ensemble[ledger % len(lh.ensemble)] == addr:
                     return slow
             return None
         if lost_fence and op == P.READ and flags & P.FLAG_DO_FENCING and entry == P.INVALID_ENTRY:
-            n = fences[ledger] = fences.get(ledger, 0) + 1
-            if n % size == 0:             # the last bookie of the ensemble
+            n = fences[ledger] = fences.get(ledger, 0) + 1    # sent in ensemble order: index n - 1
+            if (n - 1) % size == ledger % size:
                 return DROP
         return None
     return fault

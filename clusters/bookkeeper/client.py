@@ -751,7 +751,12 @@ class LedgerHandle:
                         self._send(op, op.ws)
                         continue
                     if broken and not any((mask >> i) & 1 for i in op.ws):
+                        before = self.last_add_confirmed
                         self._send_success_callbacks()
+                        if self.last_add_confirmed != before:
+                            log.info("ledger %d: entries %d-%d acknowledged during the ensemble change's "
+                                     "unset (bk.ack_broken_entry_on_ensemble_change)", self.ledger_id,
+                                     before + 1, self.last_add_confirmed)
                         continue
                     op.acked &= ~mask
                     if op.completed and op.acked.bit_count() < self.Qa:
