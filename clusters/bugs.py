@@ -71,10 +71,11 @@ _DISK_WIPE = ("--workload log --nemesis none --nemesis-schedule bench/disk_wipe_
 _B1 = ("--workload ledger --nemesis none --concurrency 2 --ensemble 2 --write-quorum 2 --ack-quorum 2 "
        "--time-limit 20 --option recover_interval=1.0 --option ledger_max_entries=0 --option lost_fence=true "
        "--option slow_adds_ms=300")
-# B2: the writer's adds from entry 50 on are lost, so it replaces its whole ensemble and the last fragment stays
-# empty; the recoverer's write-backs are lost
+# B2: the writer's adds from entry 50 on are lost, so it replaces its whole ensemble 5 s later (the add timeout)
+# and the last fragment stays empty; the recoverer's write-backs are lost; its first recovery comes 6-18 s in,
+# after that change (one before it would hold the ledger in recovery, the writer's change refused)
 _B2 = ("--workload ledger --nemesis none --bookies 4 --ensemble 2 --write-quorum 2 --ack-quorum 2 "
-       "--time-limit 30 --option recover_interval=6.0 --option ledger_max_entries=0 --option lost_adds_from=50 "
+       "--time-limit 30 --option recover_interval=12.0 --option ledger_max_entries=0 --option lost_adds_from=50 "
        "--option lost_recovery_adds=true")
 # B12: BookKeeper's own example (E 2, Qw = Qa = 1), a random bookie killed every ~4 s; the writer's adds to one
 # bookie of the ensemble 20 ms late, so that the other's completed adds wait behind them when it dies, and its
