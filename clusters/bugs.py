@@ -142,7 +142,7 @@ REGISTRY: Registry[Knob] = Registry("bug knob", {
                "stored again although deduplication is on",
         component="broker", issues=("apache/pulsar#25954", "apache/pulsar#25953"),
         scenario="--workload queue --option dedup=true --nemesis kill:owner --nemesis-interval 5 "
-                 "--time-limit 30 --topics 1"),
+                 "--time-limit 45 --topics 1"),
     "broker.cursor_persist_read_position": Knob(
         False, "a cursor created at the latest position or reset to a position persists its read position "
                "(the next entry to deliver) as its mark-delete position (apache/pulsar#18236, fixed by "
@@ -164,7 +164,9 @@ REGISTRY: Registry[Knob] = Registry("bug knob", {
                "(apache/pulsar#26197): a lookup that re-acquired the bundle meanwhile keeps serving it without "
                "a lock, and another broker acquires it too: two owners",
         component="broker", issues=("apache/pulsar#26197",),
-        scenario=f"--workload balance --nemesis zk-isolate --nemesis-interval 10 --time-limit 45 {_LB}"),
+        scenario="--workload balance --nemesis zk-isolate --nemesis-interval 10 --time-limit 45 --client-lifetime 0 "
+                 "--brokers 2 --topics 20 --lb-setting loadBalancerReportUpdateMinIntervalMillis=1000 "
+                 "--lb-setting defaultNumberOfNamespaceBundles=1"),
 })
 KNOBS = REGISTRY        # the name callers used before the registry
 
