@@ -63,6 +63,7 @@ class ZkOwnership:
         self.assign: Callable[[Bundle], Awaitable[Assignment]] | None = None
         self._session_lost = False
         self._recheck: asyncio.Task | None = None
+        self._expired: set[Bundle] = set()     # bug knob broker.release_reacquired_lock
 
     def _my_data(self) -> bytes:
         """The lock's value: Pulsar's NamespaceEphemeralData (nativeUrl, httpUrl, disabled) and ours."""
@@ -81,9 +82,12 @@ class ZkOwnership:
         if state == "LOST":
             self._session_lost = True
             if self.knobs.on("broker.release_reacquired_lock"):
-                self._expire_locks()
+                self._expired.update(self.owned)      # forgotten now, unloaded once the session is back
+                self.owned.difference_update(self._expired)
         elif state == "CONNECTED" and self._session_lost:
             self._session_lost = False
+            if self._expired:
+                self._expire_locks()
             if self._recheck is None or self._recheck.done():
                 self._recheck = asyncio.get_running_loop().create_task(self._reclaim())
 
@@ -95,8 +99,8 @@ class ZkOwnership:
     # deletes the new lock's znode while this broker goes on serving the bundle, so the next lookup
     # elsewhere hands the bundle to a second broker.
     def _expire_locks(self) -> None:
-        for bundle in list(self.owned):
-            self.owned.discard(bundle)
+        expired, self._expired = self._expired, set()
+        for bundle in expired:
             log.warning("the lock of bundle %s expired with the session; unloading it (bug knob)", bundle)
             asyncio.get_running_loop().create_task(self._stale_unload(bundle))
 
@@ -108,7 +112,7 @@ class ZkOwnership:
                     await res
         except Exception as e:  # noqa: BLE001
             log.warning("unloading bundle %s after its lock expired: %s", bundle, e)
-        for _ in range(20):                       # the session may still be coming back
+        for _ in range(10):                       # the session may still be coming back
             try:
                 if await self.owner(bundle) == self.me:
                     await self.store.delete(bundle.path)       # whichever generation it is now
