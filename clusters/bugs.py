@@ -181,6 +181,40 @@ REGISTRY: Registry[Knob] = Registry("bug knob", {
                "entry is acknowledged with fewer than Qa copies in its new fragment and never re-sent",
         component="bookkeeper-client", issues=("apache/bookkeeper#3005", "apache/bookkeeper#3041"),
         scenario=_B12),
+    "broker.dedup_recovery_race": Knob(
+        False, "deduplication's recovery can run twice at once and a topic can open before it ends "
+               "(apache/pulsar#25954, fixed by #25953): the enable path marks the status Recovering only "
+               "after opening the dedup cursor, a check that finds it Recovering takes the recovery as done, "
+               "and one that comes earlier starts a second replay over the same cursor; a topic load with "
+               "topic-level policies checks twice, so a producer's resends after an owner change are "
+               "stored again although deduplication is on",
+        component="broker", issues=("apache/pulsar#25954", "apache/pulsar#25953"),
+        scenario="--workload queue --option dedup=true --nemesis kill:owner --nemesis-interval 5 "
+                 "--time-limit 45 --topics 1"),
+    "broker.cursor_persist_read_position": Knob(
+        False, "a cursor created at the latest position or reset to a position persists its read position "
+               "(the next entry to deliver) as its mark-delete position (apache/pulsar#18236, fixed by "
+               "#18237; Pulsar's internalResetCursor): a broker killed before the cursor's next write leaves "
+               "the next owner a subscription that skips an entry nobody acknowledged",
+        component="managed-ledger", issues=("apache/pulsar#18236", "apache/pulsar#18237"),
+        scenario="--workload exactly-once --nemesis kill:owner --nemesis-interval 5 --time-limit 40"),
+    "broker.rollover_race_creates_two_ledgers": Knob(
+        False, "the time-based rollover check (managedLedgerMaxLedgerRolloverTimeMinutes) also acts while the "
+               "next ledger is being created, so a second ledger is created beside it (apache/pulsar#12221, "
+               "#14664, fixed by #12223 and #14664): it takes the writes, its ledger-list update fails, and the "
+               "adds acknowledged on it are in a ledger the list does not name (no consumer reads them)",
+        component="managed-ledger", issues=("apache/pulsar#12221", "apache/pulsar#12223", "apache/pulsar#14664"),
+        scenario="--workload log --nemesis slow:owner --nemesis-interval 8 --time-limit 30 "
+                 "--broker-setting managedLedgerMaxLedgerRolloverTimeMinutes=0.02"),
+    "broker.release_reacquired_lock": Knob(
+        False, "a bundle lock that expired with the ZooKeeper session starts an unload in the background, and "
+               "that unload, when it ends, deletes the bundle's lock whatever its generation "
+               "(apache/pulsar#26197): a lookup that re-acquired the bundle meanwhile keeps serving it without "
+               "a lock, and another broker acquires it too: two owners",
+        component="broker", issues=("apache/pulsar#26197",),
+        scenario="--workload balance --nemesis zk-isolate --nemesis-interval 10 --time-limit 45 --client-lifetime 0 "
+                 "--brokers 2 --topics 20 --lb-setting loadBalancerReportUpdateMinIntervalMillis=1000 "
+                 "--lb-setting defaultNumberOfNamespaceBundles=1"),
 })
 KNOBS = REGISTRY        # the name callers used before the registry
 

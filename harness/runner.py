@@ -56,7 +56,7 @@ def spec_from_args(spec_path: str | Path | None, overrides: dict[str, Any],
         from_mapping(raw, source, catalog=CATALOG)  # the file alone must be valid: errors name the file
         raw = {k.replace("-", "_"): v for k, v in raw.items()}
     flags = {k: v for k, v in overrides.items() if v is not None}
-    for table in ("bugs", "options", "lb_settings"):
+    for table in ("bugs", "options", "lb_settings", "broker_settings"):
         if table in flags:
             flags[table] = {**(raw.get(table) or {}), **flags[table]}
     if (spec_path or base) and any(k in flags for k in ("workload", "bugs", "options")):
@@ -69,7 +69,8 @@ def spec_from_args(spec_path: str | Path | None, overrides: dict[str, Any],
     except SpecError as e:
         if e.field in flags:
             flag = "--" + e.field.replace("_", "-")
-            flag = {"--bugs": "--bug", "--options": "--option", "--lb-settings": "--lb-setting"}.get(flag, flag)
+            flag = {"--bugs": "--bug", "--options": "--option", "--lb-settings": "--lb-setting",
+                    "--broker-settings": "--broker-setting"}.get(flag, flag)
             raise SpecError(flag, e.problem, e.fix.replace(e.field, flag)) from None
         if source and not e.source:
             raise SpecError(e.field, e.problem, e.fix, source) from None
@@ -174,6 +175,7 @@ class Run:
         self.errors.append(text)
 
     def _deploy(self) -> None:
+        from clusters.broker.settings import broker_config
         from clusters.deploy import backends
         from clusters.deploy.spec import ClusterSpec
         from nemesis.registry import deployment_needs
@@ -181,7 +183,8 @@ class Run:
         cspec = ClusterSpec(name=self.cluster_name, brokers=spec.brokers, bookies=spec.bookies,
                             zookeepers=spec.zookeepers, ensemble=spec.ensemble, write_quorum=spec.write_quorum,
                             ack_quorum=spec.ack_quorum, clients=1, bugs=dict(spec.bugs),
-                            load_manager=spec.load_manager, lb_settings=dict(spec.lb_settings))
+                            load_manager=spec.load_manager, lb_settings=dict(spec.lb_settings),
+                            broker_config=broker_config(spec.broker_settings))
         # what the faults declare they need of the deployment (fake clocks, lazy disks, ...)
         faults = [*spec.nemesis, *(e["name"] for e in spec.nemesis_schedule)]
         for field_name, roles in deployment_needs(faults).items():

@@ -208,12 +208,14 @@ def _detection_rows() -> list:
     return [e.spec(e.label, "r") for e in c.entries]
 
 
-FIELDS = ("workload", "nemesis", "nemesis_interval", "time_limit", "options", "brokers", "topics", "lb_settings")
+FIELDS = ("workload", "nemesis", "nemesis_interval", "time_limit", "options", "brokers", "topics", "lb_settings",
+          "broker_settings")
 
 
 def _fields(spec) -> dict:
     out = {f: getattr(spec, f) for f in FIELDS}
-    out["lb_settings"] = {k: str(v) for k, v in out["lb_settings"].items()}    # --lb-setting gives text
+    for table in ("lb_settings", "broker_settings"):          # --lb-setting / --broker-setting give text
+        out[table] = {k: str(v) for k, v in out[table].items()}
     return out
 
 
