@@ -390,9 +390,10 @@ def queue_anomalies(t: Tables) -> DataFrame:
 def anomalies(t: Tables) -> DataFrame:
     """One row per anomaly of every run (ANOMALY_SCHEMA: run ids and topic names). A checker no run's
     workload runs is not computed (its jobs would only scan the op table for nothing)."""
-    parts = ([log_anomalies(t)] if "log" in t.checkers else []) + ([queue_anomalies(t)] if "queue" in t.checkers else [])
-    a = parts[0].unionByName(parts[1]) if len(parts) == 2 else parts[0] if parts else \
-        t.ops.sparkSession.createDataFrame([], INTERNAL_SCHEMA)
+    parts = [fn(t) for name, fn in (("log", log_anomalies), ("queue", queue_anomalies)) if name in t.checkers]
+    a = parts[0] if parts else t.ops.sparkSession.createDataFrame([], INTERNAL_SCHEMA)
+    for more in parts[1:]:
+        a = a.unionByName(more)
     a = a.join(t.topics, (F.col("run_id") == F.col("t_run")) & (F.col("topic") == F.col("tk")), "left")
     a = a.select(*[F.col("topic_name").alias("topic") if f.name == "topic" else F.col(f.name)
                    for f in ANOMALY_SCHEMA.fields])
