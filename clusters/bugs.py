@@ -64,6 +64,17 @@ _SHED = ("--workload balance --nemesis none --brokers 3 --topics 40 --time-limit
          "--lb-setting loadBalancerBrokerOverloadedThresholdPercentage=1 "
          "--lb-setting loadBalancerBundleUnloadMinThroughputThreshold=0")
 _ROUND2 = "--nemesis kill,partition,zk-isolate --time-limit 60 --settle 10"
+# the extensible load manager's knobs (bench/README.md "Detection of the extensible load manager's bug knobs")
+_EXT = ("--workload balance --load-manager extensible --nemesis none --brokers 3 --topics 40 "
+        "--lb-setting loadBalancerReportUpdateMinIntervalMillis=1000")
+# two splits, a broker leaving gracefully and coming back, then two bursts of replayed channel messages
+_EXT_REPLAY = f"{_EXT} --nemesis-schedule bench/lb_replay_schedule.toml --time-limit 40"
+# twice a follower killed, two bundles transferred towards it while it is down, restarted within its
+# session; 12 bundles; the monitor's interval longer than the run, the in-flight wait 5 s (Pulsar's names)
+_EXT_RESTART = (f"{_EXT} --nemesis-schedule bench/lb_restart_schedule.toml --time-limit 40 "
+                "--lb-setting defaultNumberOfNamespaceBundles=12 "
+                "--lb-setting loadBalancerInFlightServiceUnitStateWaitingTimeInMillis=5000 "
+                "--lb-setting loadBalancerServiceUnitStateMonitorIntervalInSeconds=120")
 
 # the order is the order of `pulsar-chaos bugs`
 REGISTRY: Registry[Knob] = Registry("bug knob", {
@@ -133,6 +144,22 @@ REGISTRY: Registry[Knob] = Registry("bug knob", {
                "#481)",
         component="load-balancer", issues=("apache/pulsar#478", "apache/pulsar#481"),
         scenario=f"--workload balance --nemesis kill:broker --nemesis-interval 12 --time-limit 50 {_LB}"),
+    "lb.no_version_check": Knob(
+        False, "the extensible load manager's table views resolve channel messages without the versionId rule "
+               "(before apache/pulsar#19620), so a delayed message of an older version from a partitioned broker "
+               "is accepted whenever its transition is valid, and a forced one always: a stale transfer moves a "
+               "bundle, and the views diverge from the topic's order",
+        component="load-balancer", issues=("apache/pulsar#19620",), scenario=_EXT_REPLAY),
+    "lb.tombstone_split_parent": Knob(
+        False, "the extensible load manager's split handler tombstones the parent bundle as soon as it is Deleted "
+               "(the 3.0-era handler), so the parent is Init again, which accepts any message, and a transfer step "
+               "that raced the split re-owns the split parent beside its children (apache/pulsar#19490)",
+        component="load-balancer", issues=("apache/pulsar#19490",), scenario=_EXT_REPLAY),
+    "lb.ignore_existing_assigning": Knob(
+        False, "a restarted broker (extensible load manager) handles only the Owned records it finds in the channel's "
+               "history, not an Assigning to itself, so a bundle assigned to it while it was down stays Assigning "
+               "until the leader's ownership monitor overrides it (apache/pulsar#25379)",
+        component="load-balancer", issues=("apache/pulsar#25379",), scenario=_EXT_RESTART),
 })
 KNOBS = REGISTRY        # the name callers used before the registry
 
