@@ -67,8 +67,9 @@ _ROUND2 = "--nemesis kill,partition,zk-isolate --time-limit 60 --settle 10"
 # the extensible load manager's knobs (bench/README.md "Detection of the extensible load manager's bug knobs")
 _EXT = ("--workload balance --load-manager extensible --nemesis none --brokers 3 --topics 40 "
         "--lb-setting loadBalancerReportUpdateMinIntervalMillis=1000")
-# two splits, a broker leaving gracefully and coming back, then two bursts of replayed channel messages
-_EXT_REPLAY = f"{_EXT} --nemesis-schedule bench/lb_replay_schedule.toml --time-limit 40"
+# two splits, a rolling restart (each broker leaves gracefully: forced transfers), then two bursts of
+# replayed channel messages
+_EXT_REPLAY = f"{_EXT} --nemesis-schedule bench/lb_replay_schedule.toml --time-limit 45"
 # twice a follower killed, two bundles transferred towards it while it is down, restarted within its
 # session; 12 bundles; the monitor's interval longer than the run, the in-flight wait 5 s (Pulsar's names)
 _EXT_RESTART = (f"{_EXT} --nemesis-schedule bench/lb_restart_schedule.toml --time-limit 40 "
