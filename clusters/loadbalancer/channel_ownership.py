@@ -190,11 +190,26 @@ class ChannelOwnership(ZkOwnership):
             for a in actions:
                 if isinstance(a, H.BundleOwned):
                     self.owned.add(bundle_of_key(k))
+                    self._load_boundaries(bundle_of_key(k).namespace)
                 else:
                     rest.append(a)
             if rest:
                 log.info("completing the existing %s of %s", d.state.value, k)
                 self._run(k, rest)
+
+    def _load_boundaries(self, namespace: str) -> None:
+        """Read a namespace's boundaries (then kept by their watch) if this broker has not yet: a restarted
+        broker owns bundles from the channel before any lookup of it loads them, and `owns(topic)` maps a
+        topic by them (the initial layout would name a split parent, and refuse the topic)."""
+        if self.factory.cached(namespace) is not None or is_system_namespace(namespace):
+            return
+
+        async def load() -> None:
+            try:
+                await self.factory.get(namespace)
+            except Exception as e:  # noqa: BLE001 - the next lookup of the namespace loads them
+                log.warning("reading the boundaries of %s: %s", namespace, e)
+        asyncio.get_running_loop().create_task(load(), name=f"boundaries-{namespace}")
 
     def _forget(self, key: str) -> None:
         try:
@@ -231,6 +246,8 @@ class ChannelOwnership(ZkOwnership):
             await self.publish(a.key, None, "Tombstone")
         elif isinstance(a, H.BundleOwned):
             bundle = bundle_of_key(a.key)
+            if self.factory.cached(bundle.namespace) is None and not is_system_namespace(bundle.namespace):
+                await self.factory.get(bundle.namespace)       # owns(topic) maps topics by them
             if bundle not in self.owned:
                 self.owned.add(bundle)
                 log.info("owning bundle %s", a.key)
