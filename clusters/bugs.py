@@ -83,6 +83,18 @@ _B2 = ("--workload ledger --nemesis none --bookies 4 --ensemble 2 --write-quorum
 _B12 = ("--workload ledger --nemesis kill:bookie --nemesis-interval 2 --ensemble 2 --write-quorum 1 "
         "--ack-quorum 1 --rate 400 --time-limit 30 --option recover_interval=20.0 --option slow_adds_ms=20 "
         "--option slow_metadata_ms=50")
+# the extensible load manager's knobs (bench/README.md "Detection of the extensible load manager's bug knobs")
+_EXT = ("--workload balance --load-manager extensible --nemesis none --brokers 3 --topics 40 "
+        "--lb-setting loadBalancerReportUpdateMinIntervalMillis=1000")
+# two splits, a rolling restart (each broker leaves gracefully: forced transfers), then two bursts of
+# replayed channel messages
+_EXT_REPLAY = f"{_EXT} --nemesis-schedule bench/lb_replay_schedule.toml --time-limit 45"
+# twice a follower killed, two bundles transferred towards it while it is down, restarted within its
+# session; 12 bundles; the monitor's interval longer than the run, the in-flight wait 5 s (Pulsar's names)
+_EXT_RESTART = (f"{_EXT} --nemesis-schedule bench/lb_restart_schedule.toml --time-limit 40 "
+                "--lb-setting defaultNumberOfNamespaceBundles=12 "
+                "--lb-setting loadBalancerInFlightServiceUnitStateWaitingTimeInMillis=5000 "
+                "--lb-setting loadBalancerServiceUnitStateMonitorIntervalInSeconds=120")
 
 # the order is the order of `pulsar-chaos bugs`
 REGISTRY: Registry[Knob] = Registry("bug knob", {
@@ -215,6 +227,22 @@ REGISTRY: Registry[Knob] = Registry("bug knob", {
         scenario="--workload balance --nemesis zk-isolate --nemesis-interval 10 --time-limit 45 --client-lifetime 0 "
                  "--brokers 2 --topics 20 --lb-setting loadBalancerReportUpdateMinIntervalMillis=1000 "
                  "--lb-setting defaultNumberOfNamespaceBundles=1"),
+    "lb.no_version_check": Knob(
+        False, "the extensible load manager's table views resolve channel messages without the versionId rule "
+               "(before apache/pulsar#19620), so a delayed message of an older version from a partitioned broker "
+               "is accepted whenever its transition is valid, and a forced one always: a stale transfer moves a "
+               "bundle, and the views diverge from the topic's order",
+        component="load-balancer", issues=("apache/pulsar#19620",), scenario=_EXT_REPLAY),
+    "lb.tombstone_split_parent": Knob(
+        False, "the extensible load manager's split handler tombstones the parent bundle as soon as it is Deleted "
+               "(the 3.0-era handler), so the parent is Init again, which accepts any message, and a transfer step "
+               "that raced the split re-owns the split parent beside its children (apache/pulsar#19490)",
+        component="load-balancer", issues=("apache/pulsar#19490",), scenario=_EXT_REPLAY),
+    "lb.ignore_existing_assigning": Knob(
+        False, "a restarted broker (extensible load manager) handles only the Owned records it finds in the channel's "
+               "history, not an Assigning to itself, so a bundle assigned to it while it was down stays Assigning "
+               "until the leader's ownership monitor overrides it (apache/pulsar#25379)",
+        component="load-balancer", issues=("apache/pulsar#25379",), scenario=_EXT_RESTART),
 })
 KNOBS = REGISTRY        # the name callers used before the registry
 

@@ -58,7 +58,9 @@ def rows(dirs: list[str]) -> tuple[list[dict], list]:
     return facts.matrix(runs), skipped
 
 
-def main(dirs: list[str], as_json: bool = False, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+def main(dirs: list[str], as_json: bool = False, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out = out or sys.stdout                  # looked up now, not when the module was imported
+    err = err or sys.stderr
     table, skipped = rows(dirs)
     if as_json:
         print(json.dumps(table, indent=1), file=out)
