@@ -18,12 +18,15 @@ for checkers/log.py and nothing else:
     python bench/campaign_gen.py campaign OUT --runs 200 --seed 1     # OUT/<test-name>/<time>/ + manifest
     python bench/campaign_gen.py single OUT --ops 10000000 --seed 1   # one long run, written in chunks
     python bench/campaign_gen.py check OUT/single/<time> --manifest OUT/manifest.json
+    python bench/campaign_gen.py detection OUT --seeds 5 --valid-seeds 20  # OUT/runs/...: knobs x scenarios
 
 A campaign run folder holds test.toml (a validated TestSpec), history.jsonl, history.parquet and
 deliveries.parquet (core.store's writers) and results.json (the log checker's result, as the
 runner writes it, plus a "synthetic" entry naming this generator). A single run holds no
 history.jsonl (use --jsonl) and a results.json that says "unknown" until `check` has run the
-checker over it. OUT/manifest.json lists, per run, its configuration, its fault windows and the
+checker over it. Campaign and detection runs record their expectation (test.toml's `expected`, results.json's
+`expected`, `expectation_met`) and results.json's `detection` (time to first detection), as the runner
+does. OUT/manifest.json lists, per run, its configuration, its fault windows and the
 planted anomalies (type -> entries with their values), and for campaign runs whether the log
 checker found exactly those.
 """
@@ -48,6 +51,8 @@ if __package__ in (None, ""):                     # run as a script: the reposit
 from bench.checkers import FINAL_READ_PROCESS, MS, LogHooks, _mid, gen_log  # noqa: E402
 from checkers.log import INVALID_BY_DEFAULT  # noqa: E402
 from core import store  # noqa: E402
+from core.detection import detection_of  # noqa: E402
+from core.expectation import met  # noqa: E402
 from core.history import FAIL, INFO, INVOKE, NEMESIS_PROCESS, OK, MessageId, Op, write_jsonl  # noqa: E402
 from core.spec import SpecError, TestSpec  # noqa: E402
 from harness.catalog import CATALOG  # noqa: E402
@@ -522,6 +527,7 @@ def write_run(out: Path, spec: TestSpec, when: float, *, rates: dict[str, float]
     """One campaign run folder; its manifest entry."""
     from checkers.log import check
     run_dir = store.create_run_dir(out, spec.test_name, when=when)
+    spec = spec.with_expectation(CATALOG)            # test.toml records the resolved expectation, as a run's does
     store.write_test_toml(run_dir, spec)
     history, hooks = simulate(spec, run_dir.name, rates=rates)
     if jsonl:
@@ -541,7 +547,9 @@ def write_run(out: Path, spec: TestSpec, when: float, *, rates: dict[str, float]
              "topics": list(hooks.names), "workers": 2, "step": "final-reads", "final_reads": True,
              "interrupted": None, "errors": [],
              "timings": {"workload_s": spec.time_limit, "check_s": round(check_s, 3)}},
-        checkers={"log": result}, synthetic={"generator": "bench/campaign_gen.py", "seed": spec.seed})
+        checkers={"log": result}, synthetic={"generator": "bench/campaign_gen.py", "seed": spec.seed},
+        expected=spec.expected, expected_reason=spec.expected_reason, expectation_met=met(spec.expected, valid),
+        detection=detection_of(history, {"log": result}, valid))
     matches, counts = compare(hooks.planted, result)
     return manifest_entry(out, run_dir, spec, hooks, len(history), rates) | {
         "python": {"valid": valid, "counts": counts, "matches_planted": matches}}
@@ -581,6 +589,45 @@ def campaign(out: Path, runs: int, seed: int, days: int, start: datetime | None,
                 "types": list(TYPES), "knob_effects_per_window": KNOB_EFFECTS,
                 "totals": {k: sum(e["counts"][k] for e in entries) for k in TYPES},
                 "python_matches_planted": all(e["python"]["matches_planted"] for e in entries)}
+    store.write_json(out / MANIFEST, manifest)
+    return manifest
+
+
+# ------------------------------------------------------------------------------------ a detection campaign
+
+# the detection campaign's scenarios (as campaigns/detection.toml's): each knob of KNOB_EFFECTS under one of
+# them (knob i under scenario i mod n), `seeds` runs with it; every scenario `valid_seeds` runs without any
+DETECTION_SCENARIOS: tuple[tuple[str, ...], ...] = (("kill",), ("partition", "kill"))
+
+
+def detection_spec(nemesis: tuple[str, ...], knob: str | None, seed: int, out: Path) -> TestSpec:
+    name = f"det-{'-'.join(nemesis)}-{(knob or 'none').replace('.', '-').replace('_', '-')}-{seed}"
+    spec = TestSpec(test_name=name, workload="log", nemesis=list(nemesis), time_limit=30.0, rate=30.0,
+                    concurrency=6, topics=2, bugs={knob: UNSAFE[knob]} if knob else {}, seed=seed,
+                    results_dir=str(out))
+    return spec.validate("campaign_gen", catalog=CATALOG)
+
+
+def detection_campaign(out: Path, seeds: int, valid_seeds: int, seed: int, jsonl: bool) -> dict[str, Any]:
+    """Run folders laid out as a campaign folder's (OUT/runs/<test>/<time>/): each knob under its scenario
+    for `seeds` seeds, each scenario without a knob for `valid_seeds`; manifest.json lists them."""
+    runs_dir = out / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    plan: list[tuple[tuple[str, ...], str | None]] = []
+    for i, knob in enumerate(sorted(KNOB_EFFECTS)):
+        plan += [(DETECTION_SCENARIOS[i % len(DETECTION_SCENARIOS)], knob)] * seeds
+    for nem in DETECTION_SCENARIOS:
+        plan += [(nem, None)] * valid_seeds
+    start = datetime.now().replace(microsecond=0) - timedelta(hours=len(plan))
+    entries = []
+    for n, (nem, knob) in enumerate(plan):
+        spec = detection_spec(nem, knob, seed * 1000 + n + 1, runs_dir)
+        when = (start + timedelta(minutes=2 * n)).timestamp()
+        entries.append(write_run(runs_dir, spec, when, rates=rates_for(spec), jsonl=jsonl))
+    for e in entries:
+        e["run"] = os.path.relpath(out / "runs" / e["run"], out)
+    manifest = {"generator": "bench/campaign_gen.py", "mode": "detection", "seed": seed, "runs": entries,
+                "scenarios": [list(s) for s in DETECTION_SCENARIOS], "knob_effects_per_window": KNOB_EFFECTS}
     store.write_json(out / MANIFEST, manifest)
     return manifest
 
@@ -763,6 +810,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="planted anomalies, e.g. lost=25,duplicate=20 (defaults: "
                         + ",".join(f"{k}={v}" for k, v in DEFAULT_SINGLE_PLANTS.items()) + ")")
     s.add_argument("--jsonl", action="store_true", help="also write history.jsonl (about 300 bytes an op)")
+    d = sub.add_parser("detection", help="a detection campaign's run folders (OUT/runs/...): each bug knob under "
+                                         "its scenario, and each scenario without a knob")
+    d.add_argument("out", type=Path)
+    d.add_argument("--seeds", type=int, default=5, help="runs per knob (default 5)")
+    d.add_argument("--valid-seeds", type=int, default=20, help="runs per scenario without a knob (default 20)")
+    d.add_argument("--seed", type=int, default=1)
+    d.add_argument("--no-jsonl", action="store_true", help="leave history.jsonl out (parquet only)")
     k = sub.add_parser("check", help="the Python log checker over a run's history.parquet, against the manifest")
     k.add_argument("run_dir", type=Path)
     k.add_argument("--manifest", type=Path, help="default: OUT/manifest.json two levels up")
@@ -779,6 +833,12 @@ def main(argv: list[str] | None = None) -> int:
                               "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
                               "manifest": str(args.out / MANIFEST)}))
             return 0 if m["python_matches_planted"] else 1
+        if args.cmd == "detection":
+            if args.seeds < 1 or args.valid_seeds < 0:
+                ap.error("--seeds must be at least 1 and --valid-seeds at least 0")
+            m = detection_campaign(args.out, args.seeds, args.valid_seeds, args.seed, not args.no_jsonl)
+            print(json.dumps({"runs": len(m["runs"]), "folder": str(args.out), "manifest": str(args.out / MANIFEST)}))
+            return 0
         if args.cmd == "single":
             if args.ops < 1000:
                 ap.error("--ops must be at least 1000")

@@ -4,18 +4,23 @@ on (must be invalid) and off (must be valid); prints a table and the anomalies t
     .venv/bin/python bench/lb_detection.py [--seeds 5] [--knob broker.split_without_cas] [--results DIR]
 
 The runs are ordinary `pulsar-chaos run`s, one after another (clusters on one machine must not overlap);
-each scenario's command line is printed, so any run can be repeated by hand.
+each scenario's command line is printed, so any run can be repeated by hand. Knobs whose scenarios are
+the same command line share their runs without a knob (once per seed). The extensible load manager's
+knobs take their scenario from their registry entry (clusters/bugs.py), the one campaigns/detection.toml
+repeats.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 PULSAR_CHAOS = REPO / ".venv" / "bin" / "pulsar-chaos"
 
 # knob -> the scenario that reveals it (shortened load-balancer timers under Pulsar's names)
@@ -42,6 +47,18 @@ SCENARIOS: dict[str, list[str]] = {
         "--lb-setting", "loadBalancerBrokerOverloadedThresholdPercentage=1",
         "--lb-setting", "loadBalancerBundleUnloadMinThroughputThreshold=0"],
 }
+# the extensible load manager's: their registry scenarios (two share one)
+EXTENSIBLE_KNOBS = ("lb.no_version_check", "lb.tombstone_split_parent", "lb.ignore_existing_assigning")
+
+
+def _registry_scenarios() -> None:
+    from clusters.bugs import REGISTRY
+    for knob in EXTENSIBLE_KNOBS:
+        if knob in REGISTRY:
+            SCENARIOS[knob] = shlex.split(REGISTRY[knob].scenario)
+
+
+_registry_scenarios()
 
 
 def pulsar_chaos_run(args: list[str], timeout: float = 900) -> tuple[int, str | None, float]:
@@ -53,8 +70,9 @@ def pulsar_chaos_run(args: list[str], timeout: float = 900) -> tuple[int, str | 
 
 
 def run(knob: str, seed: int, on: bool, results: Path) -> dict:
+    name = knob.replace(".", "-") if on else _shared_name(knob)
     argv = [*SCENARIOS[knob], "--seed", str(seed),
-            "--results-dir", str(results / ("on" if on else "off")), "--test-name", knob.replace(".", "-")]
+            "--results-dir", str(results / ("on" if on else "off")), "--test-name", name]
     if on:
         argv += ["--bug", knob]
     code, run_dir, took = pulsar_chaos_run(argv)
@@ -66,6 +84,12 @@ def run(knob: str, seed: int, on: bool, results: Path) -> dict:
             "run_dir": run_dir, "anomalies": anomalies, "argv": " ".join(argv)}
 
 
+def _shared_name(knob: str) -> str:
+    """The test name of a run without a knob: the first knob (by name) with the same scenario."""
+    same = sorted(k for k, argv in SCENARIOS.items() if argv == SCENARIOS[knob])
+    return "+".join(same).replace(".", "-")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, default=5)
@@ -74,12 +98,21 @@ def main() -> int:
     args = p.parse_args()
     results = Path(args.results)
     rows = []
+    done_off: dict[tuple[str, int], dict] = {}        # (scenario, seed) -> the run without a knob
     for knob in args.knob or sorted(SCENARIOS):
         print(f"# {knob}: pulsar-chaos run {' '.join(SCENARIOS[knob])} --seed N [--bug {knob}]", flush=True)
         for seed in range(1, args.seeds + 1):
             for on in (True, False):
+                shared = (" ".join(SCENARIOS[knob]), seed)
+                if not on and shared in done_off:
+                    r = {**done_off[shared], "knob": knob}
+                    print(f"  seed {seed} knob off: shared with {done_off[shared]['knob']}", flush=True)
+                    rows.append(r)
+                    continue
                 r = run(knob, seed, on, results)
                 rows.append(r)
+                if not on:
+                    done_off[shared] = r
                 print(f"  seed {seed} knob {'on ' if on else 'off'}: exit {r['exit']} in {r['took_s']} s "
                       f"{json.dumps(r['anomalies'])}", flush=True)
     print("\n| knob | caught with the knob (exit 1) | valid without it (exit 0) |")

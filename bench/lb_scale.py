@@ -1,9 +1,10 @@
-"""Scale-in and scale-out under the balance workload: how long the modular load manager takes to bring
-the cluster back to balanced after three of six brokers leave (6 -> 3) and after they join again
-(3 -> 6), per seed, as the `balance` checker measures it (checkers/balance.py: the time from the event
-until the live brokers' load is balanced for good, three ways (below), the topic criterion off).
+"""Scale-in and scale-out under the balance workload: how long a load manager (modular by default,
+`--load-manager extensible`) takes to bring the cluster back to balanced after three of six brokers
+leave (6 -> 3) and after they join again (3 -> 6), per seed, as the `balance` checker measures it
+(checkers/balance.py: the time from the event until the live brokers' load is balanced for good, three
+ways (below), the topic criterion off).
 
-    .venv/bin/python -m bench.lb_scale [--seeds 3] [--first-seed 1] [--results DIR]
+    .venv/bin/python -m bench.lb_scale [--seeds 3] [--first-seed 1] [--results DIR] [--load-manager extensible]
     .venv/bin/python -m bench.lb_scale --measure RUN_DIR...
 
 Each run is one `pulsar-chaos run` (its command line is printed): six brokers, a fault schedule with one
@@ -132,10 +133,16 @@ def run(seed: int, results: Path, extra: list[str]) -> dict:
             "moves": moves}
 
 
+def shed_unloads(moves: dict) -> int:
+    """The shedder's unloads (reason shed:*): the extensible load manager also logs a stopping broker's
+    transfers (reason shutdown), which the modular one does not."""
+    return sum(n for r, n in (moves.get("unloads_by_reason") or {}).items() if r.startswith("shed:"))
+
+
 def table(rows: list[dict]) -> str:
     names = list(MEASURES)
-    out = [f"| seed | verdict | 6 -> 3: converged after ({' / '.join(names)}) | 3 -> 6: the same | unloads |",
-           "|---|---|---|---|---|"]
+    out = [f"| seed | verdict | 6 -> 3: converged after ({' / '.join(names)}) | 3 -> 6: the same | "
+           "unloads (the shedder's / all) |", "|---|---|---|---|---|"]
     for r in rows:
         by = {e["kind"]: e for e in r["events"]}
 
@@ -146,7 +153,8 @@ def table(rows: list[dict]) -> str:
             never = "not by the join" if kind == "leave" else "not by the end"
             return " / ".join(f"{e[n]:.1f} s" if e[n] is not None else never for n in names)
         verdict = {0: "valid", 1: "invalid", 2: "unknown"}.get(r["exit"], f"exit {r['exit']}")
-        out.append(f"| {r['seed']} | {verdict} | {cells('leave')} | {cells('join')} | {r['moves'].get('unloads')} |")
+        out.append(f"| {r['seed']} | {verdict} | {cells('leave')} | {cells('join')} | "
+                   f"{shed_unloads(r['moves'])} / {r['moves'].get('unloads')} |")
     return "\n".join(out)
 
 
@@ -157,6 +165,9 @@ def main() -> int:
     p.add_argument("--results", default="/tmp/pulsar-chaos-lb-scale")
     p.add_argument("--lb-setting", action="append", default=[], metavar="NAME=VALUE",
                    help="one more load-balancer setting (overrides SETTINGS)")
+    p.add_argument("--load-manager", choices=("modular", "extensible"), default="modular",
+                   help="the brokers' load manager (default modular); SETTINGS apply to both, the extensible "
+                        "one's own settings keep Pulsar's defaults unless given with --lb-setting")
     p.add_argument("--measure", nargs="+", metavar="RUN_DIR", help="only judge finished runs again")
     args = p.parse_args()
     if args.measure:
@@ -170,6 +181,8 @@ def main() -> int:
         print(table(rows))
         return 0
     extra = [a for kv in args.lb_setting for a in ("--lb-setting", kv)]
+    if args.load_manager != "modular":
+        extra += ["--load-manager", args.load_manager]
     print(f"# pulsar-chaos run {' '.join(COMMAND + extra)} --seed N   (SCHEDULE: {SCHEDULE!r})", flush=True)
     rows = []
     for seed in range(args.first_seed, args.first_seed + args.seeds):

@@ -57,6 +57,18 @@ Anomalies (each names the bundle, the messages (their ids, rows and records) and
   window (widened before by `fault_settle_s`: the leader's monitor overrides only while its metadata
   state is Stable, 180 s after its session came back). `stuck-in-flight-under-fault` (informational):
   the same with a fault in the window.
+- `stuck-at-destination` (invalid): an accepted Assigning record whose destination broker held it in its
+  view (a sample of that broker's view, at or after the message, with that record) and that was not
+  replaced by another accepted record within `assign_limit_s` of that sample (the in-flight waiting
+  time: lookups of the bundle wait that long), while no fault was active in between. A running
+  destination completes an Assigning at once, as a tail message or, after its restart, as an existing
+  record (apache/pulsar#25379: a restarted broker that skips it leaves the bundle Assigning until the
+  leader's ownership monitor overrides it, up to the waiting time plus the monitor's interval, which
+  `stuck-in-flight` allows).
+- `split-parent-reowned` (invalid): a bundle whose split completed (Splitting -> Deleted) that has an
+  active record (Assigning, Owned, Releasing, Splitting) again: after a split the parent stays Deleted,
+  its range is its children's (apache/pulsar#19490: a transfer racing the split re-owned the parent once
+  it was tombstoned; `double-owned` also names it when the new owner differs from a child's).
 - `split-incomplete` (invalid): a split whose parent left Splitting other than to Deleted (or was
   tombstoned while Splitting), or was Deleted while a child range of its map had no record yet.
 - `split-child-elsewhere` (invalid): a child of a split (a range of the parent's
@@ -250,7 +262,7 @@ def same_record(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
 
 INVALID_BY_DEFAULT = ("version-not-increasing", "view-version-regressed", "view-invalid-transition",
                       "view-divergence", "view-not-converged", "double-owned", "stuck-in-flight",
-                      "split-incomplete", "split-child-elsewhere")
+                      "stuck-at-destination", "split-incomplete", "split-child-elsewhere", "split-parent-reowned")
 ANOMALY_TYPES = INVALID_BY_DEFAULT + ("stuck-in-flight-under-fault",)
 
 DEFAULTS: dict[str, Any] = {
@@ -258,6 +270,9 @@ DEFAULTS: dict[str, Any] = {
     "max_anomalies": 1000,
     # loadBalancerInFlightServiceUnitStateWaitingTimeInMillis (30 s) + the monitor's interval (60 s)
     "in_flight_limit_s": 90.0,
+    # loadBalancerInFlightServiceUnitStateWaitingTimeInMillis (30 s): how long a running destination may
+    # leave an Assigning it holds
+    "assign_limit_s": 30.0,
     # MAX_CLEAN_UP_DELAY_TIME_IN_SECS: the monitor acts only this long after its session came back
     "fault_settle_s": 180.0,
     "max_differences": 20,           # bundles listed per view-divergence case
@@ -307,6 +322,9 @@ class _ChannelCheck(OpRefs):
         self.h, self.o = history, o
         self.cases = {k: Cases(o.get("max_anomalies")) for k in ANOMALY_TYPES}
         self.limit_ms = float(o.get("in_flight_limit_s") or 0) * 1000.0
+        self.assign_limit_ns = float(o.get("assign_limit_s") or 0) * 1e9
+        self.assignings: list[tuple[int, _Msg, _Msg | None]] = []    # (position, Assigning, what replaced it)
+        self.split_done: dict[str, _Msg] = {}                          # a split parent -> its Deleted
         self.settle_ns = float(o.get("fault_settle_s") or 0) * 1e9
         self.ports: dict[str, str] = {}
         self.msgs: list[_Msg] = []
@@ -368,6 +386,7 @@ class _ChannelCheck(OpRefs):
             self.by_key.setdefault(m.key, []).append(i)
         self.entry_last = {m.mid[:2]: i for i, m in enumerate(self.msgs)}
         self._replay()
+        self._destinations()
         self._view_sequences()
         self._convergence()
 
@@ -447,6 +466,8 @@ class _ChannelCheck(OpRefs):
         self.final_made_by = made_by
         end = self.end_wall_ms()
         for key, m in sorted(inflight.items()):
+            if m.rec is not None and m.rec["state"] == ASSIGNING:
+                self.assignings.append((self.pos[m.mid], m, None))
             if end is not None and m.publish_ms is not None and end - m.publish_ms > self.limit_ms:
                 self._stuck(m, None, end - m.publish_ms)
             else:
@@ -482,6 +503,8 @@ class _ChannelCheck(OpRefs):
             self._tkeys[key] = fast_key(rec)
         # in flight: each in-flight record must be replaced within the limit
         old_f = inflight.pop(key, None)
+        if old_f is not None and old_f.rec is not None and old_f.rec["state"] == ASSIGNING:
+            self.assignings.append((self.pos[old_f.mid], old_f, m))
         if old_f is not None:
             dur = (m.publish_ms - old_f.publish_ms) if m.publish_ms is not None and old_f.publish_ms is not None \
                 else (m.op.time_ns - old_f.op.time_ns) / 1e6
@@ -491,6 +514,11 @@ class _ChannelCheck(OpRefs):
         if rec is not None and rec["state"] in IN_FLIGHT:
             inflight[key] = m
         self._owners(m, rec, owners, doubles, made_by)
+        done = self.split_done.get(key)
+        if done is not None and rec is not None and rec["state"] in IN_FLIGHT | {OWNED}:
+            self.cases["split-parent-reowned"].add(lambda: {
+                "bundle": key, "why": f"{state_of(rec)} of {key} after its split completed (Deleted)",
+                "message": self.msg_ev(m), "deleted": self.msg_ev(done)})
         self._split(m, prev, rec, prior, splits, child_of)
 
     def _case(self, kind: str, key: str, m: _Msg, other: _Msg | None, why: str, **extra: Any) -> None:
@@ -558,6 +586,46 @@ class _ChannelCheck(OpRefs):
             "faults": [{"fault": p.name, "start_s": round(p.start_ns / 1e9, 6),
                         "stop_s": None if p.stop_ns is None else round(p.stop_ns / 1e9, 6)} for p in faults]})
 
+    def _destinations(self) -> None:
+        """`stuck-at-destination`: each Assigning held by its running destination's view for longer than
+        the limit."""
+        if self.assign_limit_ns <= 0:
+            return
+        for i, m, by in self.assignings:
+            dst = m.rec.get("dstBroker") if m.rec else None
+            samples = self.views.get(str(dst), []) if dst else []
+            end_i = self.pos[by.mid] if by is not None else None
+            t1 = by.op.time_ns if by is not None else self.last_obs_ns
+            seen: Op | None = None
+            for op in samples:
+                v = op.value if isinstance(op.value, dict) else {}
+                if v.get("error") is not None or not isinstance(v.get("records"), dict) or "last_applied" not in v:
+                    continue
+                p, _ = self.position_of(v.get("last_applied"))
+                if p is None or p < i or (end_i is not None and p >= end_i):
+                    continue
+                r = v["records"].get(m.key)
+                if not (isinstance(r, dict) and r.get("state") == ASSIGNING
+                        and r.get("versionId") == m.rec["versionId"]):
+                    continue
+                # from the first such sample after which no fault was active until the record was replaced
+                if any(not f.failed and f.started_ns is not None and f.start_ns <= t1
+                       and (f.stop_ns if f.stop_ns is not None else INF) >= op.time_ns for f in self.faults.periods):
+                    continue
+                seen = op
+                break
+            if seen is None:
+                continue
+            t0 = seen.time_ns
+            if t1 - t0 <= self.assign_limit_ns:
+                continue
+            self.cases["stuck-at-destination"].add(lambda m=m, by=by, seen=seen, t0=t0, t1=t1, dst=dst: {
+                "bundle": m.key, "destination": [dst, self.node(dst)],
+                "why": f"Assigning(dst={dst}) held by {dst}'s view from {t0 / 1e9:.3f} s, "
+                       f"{'replaced' if by is not None else 'still in flight'} at {t1 / 1e9:.3f} s "
+                       f"({(t1 - t0) / 1e9:.3f} s > {self.assign_limit_ns / 1e9:.3f} s)",
+                "message": self.msg_ev(m), "sample": self.ref(seen), "resolved_by": self.msg_ev(by)})
+
     # ------------------------------------------------------------------------------------------ splits
 
     def _split(self, m: _Msg, prev: dict | None, rec: dict | None, prior: _Msg | None,
@@ -591,6 +659,7 @@ class _ChannelCheck(OpRefs):
             missing = [ck for ck, first in sp["children"].items() if first is None and ck not in sp["existing"]]
             if rec is not None and rec["state"] == DELETED and not missing:
                 self.splits["completed"] += 1
+                self.split_done[key] = m
             else:
                 why = (f"the parent was Deleted while child {', '.join(missing)} had no record" if rec is not None
                        and rec["state"] == DELETED else

@@ -47,6 +47,10 @@ Part 2, ledger bounds.
   ledger has no ok recover) that is missing from the ledger's final read (f "read", ok, process >=
   `final_process`, key = ledger id, value `[{"entry_id", "value"}...]`) or that the read shows with
   another value. Adds beyond the close point are reported as beyond-close / ack-after-fence instead.
+- `invalid-fragment` (invalid): a `recover` or final `read` of the `ledger` workload that did not
+  complete because the recovery asked for a fragment keyed below the ledger's last one (value
+  `{"invalid_fragment": why}`; TLA+ `OnlyValidFragments`, apache/bookkeeper#2615): such a recovery
+  fails the same way every time, so the ledger cannot be closed or read (an availability anomaly).
 - `inconsistent-close` (invalid): ok recoveries of one ledger that disagree on its last entry, or a
   final read that holds entries beyond the close point.
 
@@ -65,7 +69,7 @@ from checkers.toolkit import (Cases, anomalies_of, anomaly_stats, full_op, jsona
 from core.history import INVOKE, OK, CheckResult, Op
 
 INVALID_BY_DEFAULT = ("split-brain", "ledger-multi-writer", "beyond-close", "ack-after-fence",
-                      "lost-entry", "inconsistent-close")
+                      "lost-entry", "inconsistent-close", "invalid-fragment")
 ANOMALY_TYPES = INVALID_BY_DEFAULT + ("dual-ownership-benign", "dual-ownership-unchecked")
 
 DEFAULTS: dict[str, Any] = {
@@ -149,6 +153,7 @@ class _FencingCheck:
         self.adds_no_entry = 0
         self.recovers: dict[str, list[tuple[int, int, Op]]] = {}              # ledger -> (t, last, ok)
         self.recovers_bad = 0
+        self.invalid_fragments: list[Op] = []          # recoveries that built a fragment below the last
         self.cases: dict[str, Cases] = {}              # anomaly type -> its cases (made by result)
         self.unknown: list[str] = []                   # why the verdict can only be "unknown"
 
@@ -169,6 +174,8 @@ class _FencingCheck:
             if inv is not None and inv.f != op.f:
                 inv = None
             if op.type != OK:
+                if op.f in ("recover", "read") and isinstance(op.value, dict) and "invalid_fragment" in op.value:
+                    self.invalid_fragments.append(op)
                 continue
             f = op.f
             if f == "send":
@@ -468,6 +475,9 @@ class _FencingCheck:
              "recovers_malformed": self.recovers_bad,
              "final_reads_ok": 0, "ledgers_without_final_read": 0, "adds_after_fence_inside": 0}
         stats["bk_ledgers"] = s
+        for op in self.invalid_fragments:
+            self.cases["invalid-fragment"].add(lambda op=op: {
+                "ledger": op.key, "why": str(op.value.get("invalid_fragment")), "op": full_op(op)})
         for ledger in sorted(set(self.adds) | set(self.recovers)):
             adds = self.adds.get(ledger, [])
             recs = sorted(self.recovers.get(ledger, []), key=lambda r: r[0])

@@ -24,7 +24,9 @@ Anomalies (Jepsen's names):
   (docs/architecture.md, "Clock skew"); then it is informational, with the largest skew applied
   in the stats (`clock_skew_ms`). Only delayed messages carry the fields.
 - `duplicate`: one value stored at two message ids (the acknowledged id and the delivered ones):
-  a producer retry written twice. Invalid when opts["dedup"] is true (broker deduplication on).
+  a producer retry written twice. Invalid when opts["dedup"] is true (broker deduplication on). An
+  acknowledgement with message id (-1, -1) (a deduplicating broker's answer to a resend of a stored
+  message) names no position and is not counted.
 
 Stats: attempted / acknowledged / failed / indeterminate / lost / recovered counts, deliveries and
 redeliveries, the delivery-count histogram of acknowledged enqueues per subscription and the
@@ -196,7 +198,10 @@ class _QueueCheck(OpRefs):
         rec[1] = op
         if op.type == OK and op.message_id is not None:
             pk = position_key(op.message_id)
-            if pk is not None:
+            mid = mid_tuple(op.message_id)
+            # (-1, -1): the broker's receipt for a send it deduplicated (stored before, at the position
+            # its deliveries show), not a second position
+            if pk is not None and not (mid is not None and mid[0] == -1 and mid[1] == -1):
                 self._at(q, v, pk, None)
 
     def _messages(self, op: Op) -> Any:

@@ -64,6 +64,37 @@ _SHED = ("--workload balance --nemesis none --brokers 3 --topics 40 --time-limit
          "--lb-setting loadBalancerBrokerOverloadedThresholdPercentage=1 "
          "--lb-setting loadBalancerBundleUnloadMinThroughputThreshold=0")
 _ROUND2 = "--nemesis kill,partition,zk-isolate --time-limit 60 --settle 10"
+_DISK_WIPE = ("--workload log --nemesis none --nemesis-schedule bench/disk_wipe_schedule.toml --topics 1 "
+              "--ensemble 2 --write-quorum 2 --ack-quorum 2 --time-limit 50")
+# B1: the recoverer's fencing LAC read to one bookie of the ensemble is lost, and the (one) writer's adds to
+# that bookie are 300 ms late, so its in-flight entry sits on the other bookie alone (Qa - 1 copies)
+_B1 = ("--workload ledger --nemesis none --concurrency 2 --ensemble 2 --write-quorum 2 --ack-quorum 2 "
+       "--time-limit 20 --option recover_interval=1.0 --option ledger_max_entries=0 --option lost_fence=true "
+       "--option slow_adds_ms=300")
+# B2: the writer's adds from entry 50 on are lost, so it replaces its whole ensemble 5 s later (the add timeout)
+# and the last fragment stays empty; the recoverer's write-backs are lost; its first recovery comes 6-18 s in,
+# after that change (one before it would hold the ledger in recovery, the writer's change refused)
+_B2 = ("--workload ledger --nemesis none --bookies 4 --ensemble 2 --write-quorum 2 --ack-quorum 2 "
+       "--time-limit 30 --option recover_interval=12.0 --option ledger_max_entries=0 --option lost_adds_from=50 "
+       "--option lost_recovery_adds=true")
+# B12: BookKeeper's own example (E 2, Qw = Qa = 1), a random bookie killed every ~4 s; the writer's adds to one
+# bookie of the ensemble 20 ms late, so that the other's completed adds wait behind them when it dies, and its
+# metadata writes 50 ms late, so that the late adds complete while its ensemble change is in progress
+_B12 = ("--workload ledger --nemesis kill:bookie --nemesis-interval 2 --ensemble 2 --write-quorum 1 "
+        "--ack-quorum 1 --rate 400 --time-limit 30 --option recover_interval=20.0 --option slow_adds_ms=20 "
+        "--option slow_metadata_ms=50")
+# the extensible load manager's knobs (bench/README.md "Detection of the extensible load manager's bug knobs")
+_EXT = ("--workload balance --load-manager extensible --nemesis none --brokers 3 --topics 40 "
+        "--lb-setting loadBalancerReportUpdateMinIntervalMillis=1000")
+# two splits, a rolling restart (each broker leaves gracefully: forced transfers), then two bursts of
+# replayed channel messages
+_EXT_REPLAY = f"{_EXT} --nemesis-schedule bench/lb_replay_schedule.toml --time-limit 45"
+# twice a follower killed, two bundles transferred towards it while it is down, restarted within its
+# session; 12 bundles; the monitor's interval longer than the run, the in-flight wait 5 s (Pulsar's names)
+_EXT_RESTART = (f"{_EXT} --nemesis-schedule bench/lb_restart_schedule.toml --time-limit 40 "
+                "--lb-setting defaultNumberOfNamespaceBundles=12 "
+                "--lb-setting loadBalancerInFlightServiceUnitStateWaitingTimeInMillis=5000 "
+                "--lb-setting loadBalancerServiceUnitStateMonitorIntervalInSeconds=120")
 
 # the order is the order of `pulsar-chaos bugs`
 REGISTRY: Registry[Knob] = Registry("bug knob", {
@@ -82,9 +113,7 @@ REGISTRY: Registry[Knob] = Registry("bug knob", {
                "once under its old identity and answers 'no such entry' for entries it had acknowledged, "
                "and ledger recovery then truncates acknowledged entries (with cookies it refuses to start "
                "until formatted as a new bookie, and the ledgers it lost are in limbo)",
-        component="bookie", issues=("apache/bookkeeper#4812", "apache/pulsar#26074"),
-        scenario="--workload log --nemesis none --nemesis-schedule bench/disk_wipe_schedule.toml --topics 1 "
-                 "--ensemble 2 --write-quorum 2 --ack-quorum 2 --time-limit 50"),
+        component="bookie", issues=("apache/bookkeeper#4812", "apache/pulsar#26074"), scenario=_DISK_WIPE),
     "broker.recovery_fencing": Knob(
         True, "when false, a broker taking over a topic closes the previous owner's ledger in "
               "metadata without fencing it on the bookies, so the old owner can keep getting "
@@ -133,6 +162,87 @@ REGISTRY: Registry[Knob] = Registry("bug knob", {
                "#481)",
         component="load-balancer", issues=("apache/pulsar#478", "apache/pulsar#481"),
         scenario=f"--workload balance --nemesis kill:broker --nemesis-interval 12 --time-limit 50 {_LB}"),
+    # the BookKeeper client's and the bookie's real bugs (B1, B2, B4, B12 of the reference notes)
+    "bk.recovery_reads_no_fence": Knob(
+        False, "ledger recovery's reads carry no fence flag, only its LAC reads fence (BookKeeper before "
+               "apache/bookkeeper#2616): when the fencing LAC read to one bookie is lost, that bookie stays "
+               "unfenced, the reads decide the old writer's in-flight entry absent from the other bookies' "
+               "'no such entry', and the entry reaches its ack quorum on the unfenced bookie after the ledger "
+               "was closed before it",
+        component="bookkeeper-client", issues=("apache/bookkeeper#2614", "apache/bookkeeper#2616"),
+        scenario=_B1),
+    "bk.recovery_min_lac_minus_one": Knob(
+        False, "ledger recovery starts at the highest LAC the last ensemble reports, without the floor "
+               "first-entry-of-the-last-fragment - 1 (BookKeeper before apache/bookkeeper#2654): an empty last "
+               "fragment makes it re-add earlier fragments' entries, and one failed write-back then asks for a "
+               "fragment keyed below the last one; the recovery fails the same way every time (the ledger "
+               "cannot be closed: an availability bug)",
+        component="bookkeeper-client", issues=("apache/bookkeeper#2615", "apache/bookkeeper#2654"),
+        scenario=_B2),
+    "bookie.no_limbo": Knob(
+        False, "a wiped bookie, refused by its cookies and formatted, rejoins under its id trusted at once, as "
+               "BookKeeper before BP-46 had it (apache/bookkeeper#2612): no ledger in limbo, so it answers 'no "
+               "such entry' for entries it had acknowledged and lost, nothing is fenced or marked "
+               "under-replicated, and recovery or reads take its answer for the truth (bookie.no_cookie goes "
+               "further: the wiped bookie is not even refused)",
+        component="bookie", issues=("apache/bookkeeper#2612",), scenario=_DISK_WIPE),
+    "bk.ack_broken_entry_on_ensemble_change": Knob(
+        False, "after an ensemble change the writer re-examines its pending adds in order with the change "
+               "already over, and one the replaced bookie did not store acknowledges the completed adds behind "
+               "it before their ack sets lost the replaced bookie (apache/bookkeeper#3005, fixed by #3041): an "
+               "entry is acknowledged with fewer than Qa copies in its new fragment and never re-sent",
+        component="bookkeeper-client", issues=("apache/bookkeeper#3005", "apache/bookkeeper#3041"),
+        scenario=_B12),
+    "broker.dedup_recovery_race": Knob(
+        False, "deduplication's recovery can run twice at once and a topic can open before it ends "
+               "(apache/pulsar#25954, fixed by #25953): the enable path marks the status Recovering only "
+               "after opening the dedup cursor, a check that finds it Recovering takes the recovery as done, "
+               "and one that comes earlier starts a second replay over the same cursor; a topic load with "
+               "topic-level policies checks twice, so a producer's resends after an owner change are "
+               "stored again although deduplication is on",
+        component="broker", issues=("apache/pulsar#25954", "apache/pulsar#25953"),
+        scenario="--workload queue --option dedup=true --nemesis kill:owner --nemesis-interval 5 "
+                 "--time-limit 45 --topics 1"),
+    "broker.cursor_persist_read_position": Knob(
+        False, "a cursor created at the latest position or reset to a position persists its read position "
+               "(the next entry to deliver) as its mark-delete position (apache/pulsar#18236, fixed by "
+               "#18237; Pulsar's internalResetCursor): a broker killed before the cursor's next write leaves "
+               "the next owner a subscription that skips an entry nobody acknowledged",
+        component="managed-ledger", issues=("apache/pulsar#18236", "apache/pulsar#18237"),
+        scenario="--workload exactly-once --nemesis kill:owner --nemesis-interval 5 --time-limit 40"),
+    "broker.rollover_race_creates_two_ledgers": Knob(
+        False, "the time-based rollover check (managedLedgerMaxLedgerRolloverTimeMinutes) also acts while the "
+               "next ledger is being created, so a second ledger is created beside it (apache/pulsar#12221, "
+               "#14664, fixed by #12223 and #14664): it takes the writes, its ledger-list update fails, and the "
+               "adds acknowledged on it are in a ledger the list does not name (no consumer reads them)",
+        component="managed-ledger", issues=("apache/pulsar#12221", "apache/pulsar#12223", "apache/pulsar#14664"),
+        scenario="--workload log --nemesis slow:owner --nemesis-interval 8 --time-limit 30 "
+                 "--broker-setting managedLedgerMaxLedgerRolloverTimeMinutes=0.02"),
+    "broker.release_reacquired_lock": Knob(
+        False, "a bundle lock that expired with the ZooKeeper session starts an unload in the background, and "
+               "that unload, when it ends, deletes the bundle's lock whatever its generation "
+               "(apache/pulsar#26197): a lookup that re-acquired the bundle meanwhile keeps serving it without "
+               "a lock, and another broker acquires it too: two owners",
+        component="broker", issues=("apache/pulsar#26197",),
+        scenario="--workload balance --nemesis zk-isolate --nemesis-interval 10 --time-limit 45 --client-lifetime 0 "
+                 "--brokers 2 --topics 20 --lb-setting loadBalancerReportUpdateMinIntervalMillis=1000 "
+                 "--lb-setting defaultNumberOfNamespaceBundles=1"),
+    "lb.no_version_check": Knob(
+        False, "the extensible load manager's table views resolve channel messages without the versionId rule "
+               "(before apache/pulsar#19620), so a delayed message of an older version from a partitioned broker "
+               "is accepted whenever its transition is valid, and a forced one always: a stale transfer moves a "
+               "bundle, and the views diverge from the topic's order",
+        component="load-balancer", issues=("apache/pulsar#19620",), scenario=_EXT_REPLAY),
+    "lb.tombstone_split_parent": Knob(
+        False, "the extensible load manager's split handler tombstones the parent bundle as soon as it is Deleted "
+               "(the 3.0-era handler), so the parent is Init again, which accepts any message, and a transfer step "
+               "that raced the split re-owns the split parent beside its children (apache/pulsar#19490)",
+        component="load-balancer", issues=("apache/pulsar#19490",), scenario=_EXT_REPLAY),
+    "lb.ignore_existing_assigning": Knob(
+        False, "a restarted broker (extensible load manager) handles only the Owned records it finds in the channel's "
+               "history, not an Assigning to itself, so a bundle assigned to it while it was down stays Assigning "
+               "until the leader's ownership monitor overrides it (apache/pulsar#25379)",
+        component="load-balancer", issues=("apache/pulsar#25379",), scenario=_EXT_RESTART),
 })
 KNOBS = REGISTRY        # the name callers used before the registry
 

@@ -49,6 +49,9 @@ class Catalog(Protocol):
     def lb_settings_problem(self, settings: Mapping[str, Any]) -> tuple[str, str] | None:
         """(problem, fix) if the load-balancer settings are not Pulsar's names and types; None if fine."""
 
+    def broker_settings_problem(self, settings: Mapping[str, Any]) -> tuple[str, str] | None:
+        """(problem, fix) if the broker settings are not names and values the brokers take; None if fine."""
+
 
 def _fault_problem(name: Any, catalog: Catalog | None) -> tuple[str, str] | None:
     """Why `name` is not a fault name (a word, or NAME:PARAM), asking the catalog when there is one."""
@@ -91,6 +94,8 @@ class TestSpec:
     load_manager: str = ""                  # the brokers' load manager; "" = their default
     # load-balancer settings under Pulsar's names, e.g. loadBalancerSheddingIntervalMinutes = 0.1
     lb_settings: dict[str, Any] = field(default_factory=dict)
+    # broker settings under Pulsar's names, e.g. managedLedgerMaxLedgerRolloverTimeMinutes = 0.02
+    broker_settings: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)   # the workload's options (its OPTIONS)
     seed: int = 0                           # 0: pick one at random (recorded in test.toml)
     results_dir: str = "results"
@@ -178,6 +183,14 @@ class TestSpec:
             problem = catalog.lb_settings_problem(self.lb_settings)
             if problem is not None:
                 raise err("lb_settings", *problem)
+        if not isinstance(self.broker_settings, dict):
+            raise err("broker_settings", "must be a table of setting = value",
+                      "write e.g. [broker_settings] managedLedgerMaxLedgerRolloverTimeMinutes = 0.02")
+        check = getattr(catalog, "broker_settings_problem", None) if self.broker_settings else None
+        if check is not None:
+            problem = check(self.broker_settings)
+            if problem is not None:
+                raise err("broker_settings", *problem)
         if self.expected not in ("", "valid", "invalid"):
             raise err("expected", f"must be valid or invalid, not {self.expected!r}",
                       'write expected = "invalid" (with expected_reason = "why"), or leave it out')

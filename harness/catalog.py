@@ -67,5 +67,13 @@ class RegistryCatalog:
                             "(clusters/loadbalancer/settings.py lists them)")
         return None
 
+    def broker_settings_problem(self, settings: Mapping[str, Any]) -> tuple[str, str] | None:
+        from clusters.broker.settings import broker_config
+        try:
+            broker_config(settings)
+        except ValueError as e:
+            return (str(e), "use one of the names clusters/broker/settings.py lists, with a number")
+        return None
+
 
 CATALOG = RegistryCatalog()

@@ -187,6 +187,18 @@ def _lb_args(p: argparse.ArgumentParser, default: str | None) -> None:
                         "loadBalancerSheddingIntervalMinutes=0.1 (repeatable)")
 
 
+def _broker_settings(items: list[str] | None) -> dict[str, Any]:
+    """`NAME=VALUE` strings -> {NAME: VALUE} (values stay strings: clusters/broker/settings.py checks them)."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise UserError(f"--broker-setting {item!r} is not NAME=VALUE",
+                            "write e.g. --broker-setting managedLedgerMaxLedgerRolloverTimeMinutes=0.02")
+        out[name.strip()] = value.strip()
+    return out
+
+
 def _lb_settings(items: list[str] | None) -> dict[str, Any]:
     """`NAME=VALUE` strings -> {NAME: VALUE} (values stay strings: the settings coerce them)."""
     out: dict[str, Any] = {}
@@ -419,6 +431,9 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bug", action="append", default=None, metavar="KEY[=VALUE]",
                    help="turn on a bug knob of the reference system (repeatable; `pulsar-chaos bugs` lists them)")
     _lb_args(p, None)
+    p.add_argument("--broker-setting", action="append", default=None, metavar="NAME=VALUE",
+                   help="a broker setting under Pulsar's name, e.g. "
+                        "managedLedgerMaxLedgerRolloverTimeMinutes=0.02 (repeatable; clusters/broker/settings.py)")
     p.add_argument("--seed", type=int, default=None, metavar="N", help="random seed (default: a random one, saved in test.toml)")
     p.add_argument("--test-name", default=None, metavar="NAME", help="the run folder's parent name (default log-chaos)")
     p.add_argument("--results-dir", default=None, metavar="DIR", help="where run folders go (default results)")
@@ -449,6 +464,8 @@ def run_spec(args: argparse.Namespace) -> Any:
             raise SpecError("--bug", str(e), "drop that --bug or use a known knob (pulsar-chaos bugs)") from None
     if args.lb_setting:
         overrides["lb_settings"] = _lb_settings(args.lb_setting)
+    if getattr(args, "broker_setting", None):
+        overrides["broker_settings"] = _broker_settings(args.broker_setting)
     if args.option:
         from core.spec import parse_options
         overrides["options"] = parse_options(args.option)
@@ -577,6 +594,24 @@ def _campaign(args: argparse.Namespace) -> int:
     except (CampaignError, ClusterError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def _detection_args(p: argparse.ArgumentParser) -> None:
+    _strict_usage(p)
+    p.add_argument("dirs", nargs="*", metavar="CAMPAIGN_DIR",
+                   help="a campaign folder (results/campaigns/<name>/<time>), or the folders of its shards")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a markdown table")
+
+
+@command("detection", "print a campaign's detection matrix as a markdown table, without Spark: per bug knob or "
+                      "unsafe setting and scenario, detected/runs (target 4 of 5), anomaly types, mean time to "
+                      "first detection, false alarms without it", _detection_args)
+def _detection(args: argparse.Namespace) -> int:
+    from harness import detection_table
+    try:
+        return detection_table.main(args.dirs, as_json=args.json)
+    except detection_table.DetectionInputError as e:
+        raise UserError(str(e)) from None
 
 
 def _shrink_args(p: argparse.ArgumentParser) -> None:

@@ -1023,6 +1023,9 @@ def _section_verdict(run: Run) -> str:
         m = r.get("expectation_met")
         why = f" ({r.get('expected_reason')})" if exp == "invalid" and r.get("expected_reason") else ""
         lines.append(f"expected {exp}{why}: expectation {met_word(m if isinstance(m, bool) else None)}")
+    if isinstance(r.get("detection"), dict):
+        from core.detection import text as detection_text
+        lines.append(detection_text(r["detection"]))
     o = [f'<section id="verdict" class="verdict v-{_vclass(v)}" aria-label="verdict">'
          f'<p class="label">Verdict</p><p class="word">{esc(v)}</p>']
     for ln in lines:

@@ -56,7 +56,7 @@ def spec_from_args(spec_path: str | Path | None, overrides: dict[str, Any],
         from_mapping(raw, source, catalog=CATALOG)  # the file alone must be valid: errors name the file
         raw = {k.replace("-", "_"): v for k, v in raw.items()}
     flags = {k: v for k, v in overrides.items() if v is not None}
-    for table in ("bugs", "options", "lb_settings"):
+    for table in ("bugs", "options", "lb_settings", "broker_settings"):
         if table in flags:
             flags[table] = {**(raw.get(table) or {}), **flags[table]}
     if (spec_path or base) and any(k in flags for k in ("workload", "bugs", "options")):
@@ -69,7 +69,8 @@ def spec_from_args(spec_path: str | Path | None, overrides: dict[str, Any],
     except SpecError as e:
         if e.field in flags:
             flag = "--" + e.field.replace("_", "-")
-            flag = {"--bugs": "--bug", "--options": "--option", "--lb-settings": "--lb-setting"}.get(flag, flag)
+            flag = {"--bugs": "--bug", "--options": "--option", "--lb-settings": "--lb-setting",
+                    "--broker-settings": "--broker-setting"}.get(flag, flag)
             raise SpecError(flag, e.problem, e.fix.replace(e.field, flag)) from None
         if source and not e.source:
             raise SpecError(e.field, e.problem, e.fix, source) from None
@@ -132,6 +133,7 @@ class Run:
         self.final_reads_done = False
         self.interrupted: str | None = None
         self.check_errors: list[str] = []
+        self.detection: dict[str, Any] = {}              # results.json's `detection` once checked
         self.torn_down = False
         self.cluster_dir: str | None = None
         self.started_at = store.now_iso()
@@ -173,6 +175,7 @@ class Run:
         self.errors.append(text)
 
     def _deploy(self) -> None:
+        from clusters.broker.settings import broker_config
         from clusters.deploy import backends
         from clusters.deploy.spec import ClusterSpec
         from nemesis.registry import deployment_needs
@@ -180,7 +183,8 @@ class Run:
         cspec = ClusterSpec(name=self.cluster_name, brokers=spec.brokers, bookies=spec.bookies,
                             zookeepers=spec.zookeepers, ensemble=spec.ensemble, write_quorum=spec.write_quorum,
                             ack_quorum=spec.ack_quorum, clients=1, bugs=dict(spec.bugs),
-                            load_manager=spec.load_manager, lb_settings=dict(spec.lb_settings))
+                            load_manager=spec.load_manager, lb_settings=dict(spec.lb_settings),
+                            broker_config=broker_config(spec.broker_settings))
         # what the faults declare they need of the deployment (fake clocks, lazy disks, ...)
         faults = [*spec.nemesis, *(e["name"] for e in spec.nemesis_schedule)]
         for field_name, roles in deployment_needs(faults).items():
@@ -434,6 +438,7 @@ class Run:
         valid = store.verdict(list(results.values())) if not (self.errors or check_errors) else "unknown"
         code = store.exit_code_for(valid)
         self.check_errors = check_errors
+        self.detection = detection_fields(history or [], results, valid)
         self._drop_cluster_data(valid)
         try:
             self._write_results(valid, code, results)
@@ -511,7 +516,7 @@ class Run:
                  "workers": self.workload.worker_count(self.spec), "step": self.step,
                  "final_reads": self.final_reads_done, "interrupted": self.interrupted,
                  "errors": list(self.errors), "timings": dict(self.timings)},
-            checkers=results, **expectation_fields(self.spec, valid))
+            checkers=results, **expectation_fields(self.spec, valid), **self.detection)
 
 
 def expectation_fields(spec: TestSpec | None, valid: Any) -> dict[str, Any]:
@@ -522,6 +527,17 @@ def expectation_fields(spec: TestSpec | None, valid: Any) -> dict[str, Any]:
         return {"expected": None, "expected_reason": "no readable test.toml", "expectation_met": None}
     e = spec.expectation(CATALOG)
     return {"expected": e.expected, "expected_reason": e.reason, "expectation_met": met(e.expected, valid)}
+
+
+def detection_fields(history: list[Any], results: dict[str, Any], valid: Any) -> dict[str, Any]:
+    """results.json's `detection`: the time to first detection of an invalid run (core/detection.py), else
+    null; a failure to compute it is logged and left null, never failing the run."""
+    from core.detection import detection_of
+    try:
+        return {"detection": detection_of(history, results, valid)}
+    except Exception:
+        log.error("time to first detection failed:\n%s", traceback.format_exc())
+        return {"detection": None}
 
 
 def expectation_line(spec: TestSpec | None, valid: Any) -> str:
@@ -639,7 +655,8 @@ def recheck(run_dir: Path | str, out: TextIO | None = sys.stdout, require_ops: b
     code = store.exit_code_for(valid)
     errors = run_errors + check_errors
     store.write_results(run_dir, valid=valid, exit_code=code, error="; ".join(errors) or None, run=run_info,
-                        checkers=results, checked_at=store.now_iso(), **expectation_fields(spec, valid))
+                        checkers=results, checked_at=store.now_iso(), **expectation_fields(spec, valid),
+                        **detection_fields(history, results, valid))
     if out is not None:
         why = f" ({'; '.join(errors)})" if errors else ""
         print(f"{run_dir}: {len(history)} ops; verdict: {_verdict_word(valid)}{why}; "

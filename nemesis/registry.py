@@ -13,7 +13,7 @@ from typing import Any
 
 from core.registry import Registry
 from nemesis.base import FaultNameError, Nemesis
-from nemesis.balance import ScaleNemesis, SplitNemesis, UnloadNemesis
+from nemesis.balance import ReplayNemesis, ScaleNemesis, SplitNemesis, UnloadNemesis
 from nemesis.clock import ClockNemesis
 from nemesis.lifecycle import DiskWipeNemesis, KillRoleNemesis, RollingRestartNemesis
 from nemesis.links import FlakyNemesis, SlowNemesis
@@ -109,9 +109,13 @@ REGISTRY: Registry[Fault] = Registry("nemesis", {
                    "default; kill) and joins again at the stop, with no bundles", "MODE[:N]", colour="#9FC5E8"),
     "unload": Fault(lambda p: UnloadNemesis(p), "the bundle of a random topic unloaded through the admin API "
                     "(MODE dest: towards a random broker, destinationBroker; lost-answer: ZooKeeper carries out the "
-                    "owner's delete of the lock, the answer never arrives)", "MODE", colour="#F6D8AE"),
+                    "owner's delete of the lock, the answer never arrives; to-restarted: transfers towards a broker "
+                    "killed meanwhile and restarted within its session)", "MODE", colour="#F6D8AE"),
     "split": Fault(lambda p: SplitNemesis(p), "the bundle of a random topic split on its owner (ALGORITHM: "
                    "range_equally_divide by default) and its children unloaded", "ALGORITHM", colour="#D5A6BD"),
+    "replay": Fault(_plain(ReplayNemesis), "earlier messages of the extensible load manager's service-unit state "
+                    "channel published again, a partitioned broker's late commands (one earlier message each of up "
+                    "to 8 bundles)", colour="#E8C9A0"),
 })
 
 

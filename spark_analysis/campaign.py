@@ -1,5 +1,6 @@
 """Campaign tables over every analysed run: verdicts and anomaly counts by configuration, detection
-and false-alarm rates, performance by fault state, unavailability, recovery, and trends by day.
+and false-alarm rates (per cause, and per cause and scenario: the detection matrix), performance by fault
+state, unavailability, recovery, and trends by day.
 
 Each is a Spark DataFrame (written as Parquet by spark_analysis.main); the run table joins each run's
 configuration (test.toml), Python verdict (results.json) and Spark anomaly counts.
@@ -14,7 +15,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from core import store
+from core.detection import MATRIX_COLUMNS
 from spark_analysis import checks
+from spark_analysis import detection as det_facts
 from spark_analysis.inputs import Run, Skipped
 from spark_analysis.perf import PerfTables
 
@@ -57,6 +60,7 @@ def run_rows(runs: list[Run], counts: dict[str, dict[str, int]], stats: dict[str
         spark_c = counts.get(r.run_id, {})
         py = checks.python_counts(r)
         exp = r.expectation
+        facts = det_facts.facts(r)
         row: dict[str, Any] = {
             "run_id": r.run_id, "path": r.path, "test_name": r.test_name, "workload": r.workload,
             "nemesis": r.nemesis, "quorum": r.quorum, "bugs": r.bugs_label, "bug_knobs": r.bug_knobs,
@@ -64,6 +68,8 @@ def run_rows(runs: list[Run], counts: dict[str, dict[str, int]], stats: dict[str
             "started_at": r.started_at, "python_valid": r.python_valid,
             "expected": exp.expected, "causes": r.causes, "expectation_met": met(exp.expected, r.python_valid),
             "decided_by": ",".join(sorted(decided_by(r))) or "",
+            "scenario": facts["scenario"], "scenario_key": facts["scenario_key"],
+            "detection_s": facts["detection_s"],
             "spark_rechecked": rechecked(r, inv),
             "checked": ",".join(sorted(inv)) or "none",
             "ops": int(stats.get(r.run_id, {}).get("ops") or 0),
@@ -97,11 +103,22 @@ RUN_SCHEMA = T.StructType(
     + [T.StructField("started_at", T.TimestampType()), T.StructField("python_valid", T.StringType()),
        T.StructField("expected", T.StringType()), T.StructField("causes", T.ArrayType(T.StringType())),
        T.StructField("expectation_met", T.StringType()), T.StructField("decided_by", T.StringType()),
+       T.StructField("scenario", T.StringType()), T.StructField("scenario_key", T.StringType()),
+       T.StructField("detection_s", T.DoubleType()),
        T.StructField("spark_rechecked", T.BooleanType()),
        T.StructField("checked", T.StringType()), T.StructField("ops", T.LongType()),
        T.StructField("non_int_values", T.LongType()), T.StructField("notes", T.StringType())]
     + [T.StructField(c, T.LongType()) for c in TYPE_COLUMNS]
     + [T.StructField("spark_valid", T.StringType()), T.StructField("agrees", T.StringType())])
+
+
+MATRIX_SCHEMA = T.StructType(
+    [T.StructField(n, T.StringType()) for n in ("cause", "scenario", "scenario_key", "kind")]
+    + [T.StructField(n, T.LongType()) for n in ("runs", "with_verdict", "invalid")]
+    + [T.StructField("rate", T.DoubleType()), T.StructField("meets_target", T.BooleanType()),
+       T.StructField("anomaly_types", T.StringType()), T.StructField("detection_runs", T.LongType()),
+       T.StructField("mean_detection_s", T.DoubleType()), T.StructField("false_alarm_runs", T.LongType()),
+       T.StructField("false_alarms", T.LongType())])
 
 
 @dataclass
@@ -111,6 +128,7 @@ class Campaign:
     anomaly_counts: DataFrame
     by_config: DataFrame
     detection: DataFrame
+    detection_matrix: DataFrame
     perf_by_state: DataFrame
     unavailability: DataFrame
     recovery: DataFrame
@@ -163,7 +181,8 @@ def build(spark: SparkSession, runs: list[Run], skipped: list[Skipped], anomalie
         F.sum(F.col("spark_rechecked").cast("int")).alias("spark_rechecked"),
         F.sum(sp_inv.cast("int")).alias("spark_invalid_"),
         F.concat_ws(",", F.array_sort(F.array_remove(F.array_distinct(F.flatten(F.collect_list(
-            F.split(F.col("decided_by"), ",")))), ""))).alias("decided_by"))
+            F.split(F.col("decided_by"), ",")))), ""))).alias("decided_by"),
+        F.round(F.avg("detection_s"), 2).alias("mean_detection_s"))
         .withColumn("kind", F.when(F.col("cause") == "none", F.lit("false alarm (expected valid)"))
                     .otherwise(F.lit("detection (expected invalid)")))
         .withColumn("python_rate", F.round(F.try_divide(F.col("python_invalid"), F.col("runs")), 4))
@@ -173,8 +192,14 @@ def build(spark: SparkSession, runs: list[Run], skipped: list[Skipped], anomalie
                     .otherwise(F.format_string("%d/%d re-checked runs", F.col("spark_invalid"),
                                                F.col("spark_rechecked"))))
         .select("cause", "kind", "expected", "runs", "with_verdict", "python_invalid", "python_rate",
-                "spark_rechecked", "spark_invalid", "spark_rate", "spark", "decided_by")
+                "spark_rechecked", "spark_invalid", "spark_rate", "spark", "decided_by", "mean_detection_s")
         .orderBy(F.col("cause") == "none", "cause"))
+
+    # the detection matrix: per (cause, scenario), the same rows as `pulsar-chaos detection` prints
+    # (core/detection.py over the same runs), with the false alarms of the scenario's runs expected valid
+    matrix_rows = det_facts.matrix(runs)
+    detection_matrix = spark.createDataFrame([tuple(r[c] for c in MATRIX_COLUMNS) for r in matrix_rows],
+                                             MATRIX_SCHEMA)
 
     wl = F.broadcast(runs_df.select("run_id", "workload", "day"))
     ops = perf.ops.join(wl, "run_id")
@@ -242,5 +267,5 @@ def build(spark: SparkSession, runs: list[Run], skipped: list[Skipped], anomalie
                       F.round(F.col("q")[0], 3).alias("write_p50_ms"), F.round(F.col("q")[1], 3).alias("write_p99_ms"))
               .orderBy("day"))
     return Campaign(runs=runs_df.drop("day"), skipped=skipped_df, anomaly_counts=counts_df, by_config=by_config,
-                    detection=detection, perf_by_state=perf_by_state, unavailability=unavailability,
-                    recovery=recovery, trends=trends)
+                    detection=detection, detection_matrix=detection_matrix, perf_by_state=perf_by_state,
+                    unavailability=unavailability, recovery=recovery, trends=trends)

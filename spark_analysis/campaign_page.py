@@ -212,7 +212,14 @@ def page(res: Any, page_dir: Path | None) -> str:
          "invalid): the share judged invalid; 'none' are the runs expected valid (any invalid one is a false "
          "alarm or a real bug). The Spark columns count only the runs Spark re-checks (log and queue "
          "anomalies); 'not re-checked' where the deciding checker (fencing, elle, linear, exactly-once, perf) "
-         "has no Spark equivalent.", table(t.get("detection"))),
+         "has no Spark equivalent. mean_detection_s: the mean time to first detection (results.json's "
+         "detection: from the first fault to the first op the deciding checker names) over the invalid runs.",
+         table(t.get("detection"))),
+        ("Detection matrix", "per bug knob or unsafe option and scenario (the run's spec without its knobs, seed "
+         "and names): detected / runs (target 4 of 5; meets_target false marks a row short of it), the deciding "
+         "anomaly types, the mean time to first detection, and false_alarms / false_alarm_runs of the same "
+         "scenario without it; the 'none' rows are each scenario's runs expected valid. "
+         "`pulsar-chaos detection` prints the same figures as a markdown table.", table(t.get("detection_matrix"))),
         ("Latency and throughput by fault state", "client ops by the fault state at their invocation; "
          "throughput = ok ops per second spent in that state.", table(t.get("perf_by_state"))),
         ("Unavailability by fault state", "gaps between ok writes of a topic, attributed to the state at "
@@ -226,7 +233,7 @@ def page(res: Any, page_dir: Path | None) -> str:
         links = [_link(by_id[r], page_dir) if r in by_id else "<td></td>" for r in runs_df["run_id"]]
         cols = (["run_id", "report", "workload", "nemesis", "quorum", "bugs", "backend", "started_at", "ops",
                  "expected", "python_valid", "expectation_met", "spark_valid", "spark_rechecked", "agrees",
-                 "longest_gap_s"]
+                 "longest_gap_s", "detection_s", "scenario"]
                 + [c for c in TYPE_COLUMNS if c in runs_df and runs_df[c].fillna(0).sum() > 0] + ["notes"])
         runs_html = table(runs_df, cols, extra={"report": links})
     sections.append(("Runs", "agrees: the Spark counts equal results.json's for every checked type.", runs_html))

@@ -31,7 +31,7 @@ run are the same plan. The definitions, as in the Python checkers (their docstri
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -116,11 +116,14 @@ def position(mid: Any) -> Any:
 
 @dataclass
 class Tables:
-    ops: DataFrame          # client ops with roles, their invoke (completions) or completion (invokes)
+    ops: DataFrame          # every op (the nemesis' too, process -1) with roles, their invoke
+                            # (completions) or completion (invokes): the one pass over the history
     msgs: DataFrame         # one row per delivered message (ok receives/reads, info receives' messages)
     stats: DataFrame        # per run: ops, non-integer values
     topics: DataFrame       # (t_run: run number, tk: topic hash, topic_name)
     names: DataFrame        # run number -> run id
+    checkers: frozenset = frozenset(CHECKED)   # the checkers (log, queue) some run's workload runs
+    cached: list = field(default_factory=list)   # what the checks persisted (unpersist with ops and msgs)
 
 
 def topic_key(col: Any) -> Any:
@@ -136,8 +139,10 @@ def _empty() -> Any:
 
 def prepare(spark: SparkSession, history: DataFrame, deliveries: DataFrame, runs: list[Run]) -> Tables:
     roles = F.broadcast(roles_table(spark, runs).withColumn("run_id", F.col("run_id").cast("int")))
-    h = (history.where(F.col("process") != NEMESIS).withColumn("key", topic_key(F.col("key")))
-         .join(roles, ["run_id", "f"], "left"))
+    # the history is read once: the persisted op table below holds every op, the nemesis' too (they
+    # have no role, so no check counts them; perf.compute takes its fault timelines from them), and
+    # the JSON value of the few ops whose messages only it holds
+    h = history.withColumn("key", topic_key(F.col("key"))).join(roles, ["run_id", "f"], "left")
     sendish = (F.col("log_role") == "send") | (F.col("queue_role") == "enq")
     h = (h.withColumn("sv", F.when(sendish, norm_value(F.col("value"))))
           .withColumn("sv_bad", (F.coalesce(sendish, F.lit(False)) & F.col("value").isNotNull()
@@ -152,22 +157,13 @@ def prepare(spark: SparkSession, history: DataFrame, deliveries: DataFrame, runs
     from_json = (msgish & F.col("value").startswith("[")
                  & (((F.col("type") == "ok") & ~F.col("f").isin(*DELIVERY_FS))
                     | ((F.col("type") == "info") & recvish)))
-    info_msgs = (h.where(from_json)
-                 .select("run_id", "index", "f", "key", "log_role", "queue_role", "type",
-                         F.posexplode(F.from_json("value", T.ArrayType(T.StructType([
-                             T.StructField("value", T.LongType()),
-                             T.StructField("message_id", T.StructType([
-                                 T.StructField(n, T.LongType())
-                                 for n in ("ledger_id", "entry_id", "partition", "batch_index")]))])))
-                         ).alias("position", "m"))
-                 .select("run_id", "index", "f", "key", "log_role", "queue_role", "position",
-                         F.col("m.value").alias("value"), position(F.col("m.message_id")).alias("pk"), "type"))
+    h = h.withColumn("mj", F.when(from_json, F.col("value")))
     w = Window.partitionBy("run_id", "process").orderBy("index")
     prev = F.lag(F.struct("type", "f", "key", "sv", "time_ns", "index")).over(w)
     nxt = F.lead(F.struct("type", "f", "index")).over(w)
     ops = (h.withColumn("error", F.when(F.col("queue_role") == "drain", F.col("error")))  # only drains need it
            .select("run_id", "index", "time_ns", "process", "type", "f", "key", "error", "log_role",
-                   "queue_role", "sv", "sv_bad", "pk", "partition", prev.alias("prev"), nxt.alias("next"))
+                   "queue_role", "sv", "sv_bad", "pk", "partition", "mj", prev.alias("prev"), nxt.alias("next"))
            .withColumn("matched", (F.col("type") != "invoke") & (F.col("prev.type") == "invoke")
                        & (F.col("prev.f") == F.col("f")))
            .withColumn("matched", F.coalesce(F.col("matched"), F.lit(False)))
@@ -181,6 +177,16 @@ def prepare(spark: SparkSession, history: DataFrame, deliveries: DataFrame, runs
            .withColumn("comp_index", F.when(F.col("has_comp"), F.col("next.index")))
            .drop("prev", "next", "has_comp"))
     ops = ops.persist()
+    info_msgs = (ops.where(F.col("mj").isNotNull())
+                 .select("run_id", "index", "f", "key", "log_role", "queue_role", "type",
+                         F.posexplode(F.from_json("mj", T.ArrayType(T.StructType([
+                             T.StructField("value", T.LongType()),
+                             T.StructField("message_id", T.StructType([
+                                 T.StructField(n, T.LongType())
+                                 for n in ("ledger_id", "entry_id", "partition", "batch_index")]))])))
+                         ).alias("position", "m"))
+                 .select("run_id", "index", "f", "key", "log_role", "queue_role", "position",
+                         F.col("m.value").alias("value"), position(F.col("m.message_id")).alias("pk"), "type"))
     # the deliveries table, with roles and the topic a log checker gives it (op key, else invoke's)
     d = (deliveries.where(F.col("f").isin(*DELIVERY_FS)).withColumn("key", topic_key(F.col("key")))
          .join(roles, ["run_id", "f"])
@@ -194,14 +200,15 @@ def prepare(spark: SparkSession, history: DataFrame, deliveries: DataFrame, runs
             .drop("inv_key")
             .where(F.col("value").isNotNull())
             .persist())
-    stats = history.groupBy("run_id").agg(F.count(F.lit(1)).alias("ops"))
-    bad = ops.groupBy("run_id").agg(F.sum("sv_bad").alias("non_int_values"))
+    stats = ops.groupBy("run_id").agg(F.count(F.lit(1)).alias("ops"),
+                                      F.coalesce(F.sum("sv_bad"), F.lit(0)).cast("long").alias("non_int_values"))
     names = run_names(spark, runs)
-    stats = with_run_names(stats.join(bad, "run_id", "left").fillna({"non_int_values": 0}), names)
+    stats = with_run_names(stats, names)
     topics = (history.select("run_id", "key").distinct()
               .select(F.col("run_id").alias("t_run"), topic_key(F.col("key")).alias("tk"),
                       F.col("key").alias("topic_name")))
-    return Tables(ops=ops, msgs=msgs, stats=stats, topics=topics, names=names)
+    used = frozenset(c for r in runs for c in r.checker_opts() if c in CHECKED)
+    return Tables(ops=ops, msgs=msgs, stats=stats, topics=topics, names=names, checkers=used)
 
 
 INTERNAL_SCHEMA = T.StructType([T.StructField("run_id", T.IntegerType()) if f.name == "run_id" else
@@ -241,29 +248,43 @@ def log_anomalies(t: Tables) -> DataFrame:
                                      F.col("index").alias("att"), F.col("index").alias("comp_index"),
                                      F.col("type").alias("comp_type")))
                 .where(F.col("v").isNotNull()))
+    seen = (msgs.where(F.col("log_role").isin("recv", "read"))
+            .select("run_id", F.col("log_topic").alias("topic"), F.col("value").alias("v"), "pk", "index",
+                    "log_role"))
+    # one aggregate per (run, topic, value) over the send attempts and the messages seen, for the
+    # checks that group by value (lost, duplicate, unexpected): one shuffle of both instead of one per
+    # check. Per value: attempts and whether one completed ok; the lowest and highest position it was
+    # seen at; the rows, lowest and highest op index of the final reads that hold it
+    keys = ["run_id", "topic", "v"]
+    nul = F.lit(None)
+    per_value = (attempts.select(*keys, F.lit(1).alias("att_n"), (F.col("comp_type") == "ok").alias("ok"),
+                                 nul.cast(POS).alias("pk"), nul.cast("long").alias("ri"))
+                 .unionByName(seen.select(*keys, F.lit(0).alias("att_n"), nul.cast("boolean").alias("ok"), "pk",
+                                          F.when(F.col("log_role") == "read", F.col("index")).alias("ri")))
+                 .groupBy(*keys)
+                 .agg(F.sum("att_n").alias("n"), F.max("ok").alias("any_ok"),
+                      F.min("pk").alias("lo"), F.max("pk").alias("hi"),
+                      F.count("ri").alias("r_rows"), F.min("ri").alias("r_lo"), F.max("ri").alias("r_hi"))
+                 .persist())          # five checks read it: computed once
+    t.cached.append(per_value)
     # the kept attempt is acknowledged iff some attempt completed ok before the value's next attempt;
     # a value sent once (nearly all) is acknowledged iff that send completed ok: only values sent more
-    # than once need their attempts ordered
-    keys = ["run_id", "topic", "v"]
-    per_value = attempts.groupBy(*keys).agg(F.count(F.lit(1)).alias("n"),
-                                            F.max(F.col("comp_type") == "ok").alias("any_ok"))
-    once = per_value.where(F.col("n") == 1).select(*keys, F.coalesce(F.col("any_ok"), F.lit(False)).alias("acked"))
-    again = per_value.where(F.col("n") > 1).select(*keys)
+    # than once (few) need their attempts ordered
+    again = F.broadcast(per_value.where(F.col("n") > 1).select(*keys))
     retried = (attempts.join(again, keys).groupBy(*keys)
                .agg(F.array_sort(F.collect_list(F.struct("att", "comp_index", "comp_type"))).alias("a"))
-               .withColumn("acked", F.expr(
+               .withColumn("r_acked", F.expr(
                    "exists(sequence(0, size(a) - 1), i -> a[i].comp_type = 'ok' AND "
                    "(i = size(a) - 1 OR a[i].comp_index < a[i + 1].att))"))
-               .select(*keys, "acked"))
-    records = once.unionByName(retried)
+               .select(*keys, "r_acked"))
+    records = (per_value.where(F.col("n") >= 1).join(F.broadcast(retried), keys, "left")
+               .withColumn("acked", F.when(F.col("n") == 1, F.coalesce(F.col("any_ok"), F.lit(False)))
+                           .otherwise(F.coalesce(F.col("r_acked"), F.lit(False)))))
     ok_sends = (ops.where((F.col("log_role") == "send") & (F.col("type") == "ok"))
                 .select("run_id", "process", "index", "pk", "partition",
                         F.when(F.col("matched"), F.col("inv_key")).otherwise(F.col("key")).alias("topic"),
                         F.when(F.col("matched"), F.col("inv_sv")).otherwise(F.col("sv")).alias("v"))
                 .where(F.col("pk").isNotNull()))
-    seen = (msgs.where(F.col("log_role").isin("recv", "read"))
-            .select("run_id", F.col("log_topic").alias("topic"), F.col("value").alias("v"), "pk", "index",
-                    "log_role"))
 
     # divergence: two values at one position
     at = (ok_sends.where(F.col("v").isNotNull()).select("run_id", "topic", "pk", "v")
@@ -272,35 +293,41 @@ def log_anomalies(t: Tables) -> DataFrame:
     # are grouped again to list what was seen)
     multi = (at.groupBy("run_id", "topic", "pk").agg(F.min("v").alias("lo"), F.max("v").alias("hi"))
              .where(F.col("lo") != F.col("hi")).select("run_id", "topic", "pk"))
-    divergence = (at.join(multi, ["run_id", "topic", "pk"]).groupBy("run_id", "topic", "pk")
+    divergence = (at.join(F.broadcast(multi), ["run_id", "topic", "pk"]).groupBy("run_id", "topic", "pk")
                   .agg(F.array_sort(F.collect_set("v")).alias("vs")))
     divergence = _rows(divergence, "log", "divergence", topic=F.col("topic"), values=F.col("vs"),
                        message_ids=F.array(F.col("pk")))
 
-    # duplicate: one value at two positions among receives and reads
+    # duplicate: one value at two positions among receives and reads (the few such values found by
+    # the per-value aggregate; only their messages are grouped again to list the positions)
     placed = seen.where(F.col("pk").isNotNull()).select("run_id", "topic", "v", "pk")
-    twice = (placed.groupBy("run_id", "topic", "v").agg(F.min("pk").alias("lo"), F.max("pk").alias("hi"))
-             .where(F.col("lo") != F.col("hi")).select("run_id", "topic", "v"))
-    duplicate = (placed.join(twice, ["run_id", "topic", "v"]).groupBy("run_id", "topic", "v")
+    twice = per_value.where(F.col("lo") != F.col("hi")).select(*keys)
+    duplicate = (placed.join(F.broadcast(twice), keys).groupBy(*keys)
                  .agg(F.array_sort(F.collect_set("pk")).alias("pks")))
     duplicate = _rows(duplicate, "log", "duplicate", topic=F.col("topic"), value=F.col("v"),
                       message_ids=F.col("pks"))
 
     # unexpected: received or read, never sent to that topic
-    unexpected = (seen.select("run_id", "topic", "v").distinct()
-                  .join(per_value.select(*keys), keys, "left_anti"))
+    unexpected = per_value.where(F.col("n") == 0).select(*keys)
     unexpected = _rows(unexpected, "log", "unexpected", topic=F.col("topic"), value=F.col("v"))
 
-    # lost: acknowledged, missing from some ok final read of a topic whose final read completed
+    # lost: acknowledged, missing from some ok final read of a topic whose final read completed. The
+    # reads holding a value are counted exactly (distinct op indexes) only where the aggregate's rows
+    # and lowest/highest index leave it open: at least two different reads of a topic with three or more
     reads = (ops.where((F.col("log_role") == "read") & (F.col("type") == "ok"))
              .select("run_id", F.when(F.col("key") != _empty(), F.col("key"))
                      .otherwise(F.coalesce(F.col("inv_key"), _empty())).alias("topic"), "index")
              .groupBy("run_id", "topic").agg(F.countDistinct("index").alias("n_reads")))
-    hits = (seen.where(F.col("log_role") == "read").groupBy("run_id", "topic", "v")
-            .agg(F.countDistinct("index").alias("n_hit")))
-    lost = (records.where("acked").join(reads, ["run_id", "topic"])
-            .join(hits, ["run_id", "topic", "v"], "left")
-            .where(F.coalesce(F.col("n_hit"), F.lit(0)) < F.col("n_reads")))
+    acked = records.where("acked").join(F.broadcast(reads), ["run_id", "topic"])
+    open_ = (F.coalesce(F.col("r_lo") != F.col("r_hi"), F.lit(False)) & (F.col("r_rows") >= F.col("n_reads"))
+             & (F.col("n_reads") > 2))
+    sure = acked.where(~open_ & ((F.col("r_rows") < F.col("n_reads"))
+                                 | ((F.col("r_lo") == F.col("r_hi")) & (F.col("n_reads") > 1))))
+    unsure = acked.where(open_).select(*keys, "n_reads")
+    hits = (seen.where(F.col("log_role") == "read").select(*keys, "index").join(F.broadcast(unsure), keys)
+            .groupBy(*keys, "n_reads").agg(F.countDistinct("index").alias("n_hit"))
+            .where(F.col("n_hit") < F.col("n_reads")))
+    lost = sure.select(*keys).unionByName(hits.select(*keys))
     lost = _rows(lost, "log", "lost", topic=F.col("topic"), value=F.col("v"))
 
     # nonmonotonic-send: an ok send before the previous one of its (process, topic, partition)
@@ -361,8 +388,12 @@ def queue_anomalies(t: Tables) -> DataFrame:
 
 
 def anomalies(t: Tables) -> DataFrame:
-    """One row per anomaly of every run (ANOMALY_SCHEMA: run ids and topic names)."""
-    a = log_anomalies(t).unionByName(queue_anomalies(t))
+    """One row per anomaly of every run (ANOMALY_SCHEMA: run ids and topic names). A checker no run's
+    workload runs is not computed (its jobs would only scan the op table for nothing)."""
+    parts = [fn(t) for name, fn in (("log", log_anomalies), ("queue", queue_anomalies)) if name in t.checkers]
+    a = parts[0] if parts else t.ops.sparkSession.createDataFrame([], INTERNAL_SCHEMA)
+    for more in parts[1:]:
+        a = a.unionByName(more)
     a = a.join(t.topics, (F.col("run_id") == F.col("t_run")) & (F.col("topic") == F.col("tk")), "left")
     a = a.select(*[F.col("topic_name").alias("topic") if f.name == "topic" else F.col(f.name)
                    for f in ANOMALY_SCHEMA.fields])

@@ -460,22 +460,42 @@ def _path_key(p: str) -> str:
     return str(Path(p).resolve())
 
 
+# a run with at least this much Parquet (history and deliveries) is read on its own, its run number a
+# constant column; smaller runs share one multi-file read whose rows are mapped to their run through
+# each row's file path (two regular expressions and a URL decoding per row: 3 s per million rows on
+# two shared cores, paid on every scan of a long history)
+OWN_READ_BYTES = 8 << 20
+MAX_OWN_READS = 64                  # at most this many separate reads (the biggest runs); the rest share one
+
+
 def load_tables(spark: Any, runs: list[Run]):
     """(history, deliveries) of every run as two Spark DataFrames with an int run_id column (Run.num;
-    run_names() maps it back): one multi-file read each (not one per run), each file's folder mapped
-    to its run."""
+    run_names() maps it back). Long runs are read one by one with their number as a constant (see
+    OWN_READ_BYTES); the many small runs of a campaign in one multi-file read (not one per run),
+    each file's folder mapped to its run."""
     from pyspark.sql import functions as F
     hist_schema, deliv_schema = history_schema()
     for i, r in enumerate(runs):
         r.num = i
-    ids = spark.createDataFrame([(_path_key(r.path), r.num) for r in runs], "dir string, run_id int")
-    ids = F.broadcast(ids)
+    big = sorted((r for r in runs if r.history_bytes >= OWN_READ_BYTES), key=lambda r: -r.history_bytes)
+    own = {r.num for r in big[:MAX_OWN_READS]}
+    shared = [r for r in runs if r.num not in own]
+    ids = None
+    if shared:
+        ids = F.broadcast(spark.createDataFrame([(_path_key(r.path), r.num) for r in shared],
+                                                "dir string, run_id int"))
 
     def read(name: str, schema: Any):
-        paths = [f"{_spark_path(r)}/{name}" for r in runs]
-        df = spark.read.schema(schema).parquet(*paths)
-        df = df.withColumn("dir", _dir_key(F.col("_metadata.file_path")))
-        return df.join(ids, "dir").drop("dir")
+        parts = [spark.read.schema(schema).parquet(f"{_spark_path(r)}/{name}")
+                 .withColumn("run_id", F.lit(r.num).cast("int")) for r in runs if r.num in own]
+        if shared:
+            df = spark.read.schema(schema).parquet(*[f"{_spark_path(r)}/{name}" for r in shared])
+            df = df.withColumn("dir", _dir_key(F.col("_metadata.file_path")))
+            parts.append(df.join(ids, "dir").drop("dir"))
+        out = parts[0]
+        for df in parts[1:]:
+            out = out.unionByName(df)
+        return out
     return read(store.HISTORY_PARQUET, hist_schema), read(store.DELIVERIES_PARQUET, deliv_schema)
 
 

@@ -29,8 +29,8 @@ from spark_analysis.inputs import InputError, Run, Skipped, has_scheme  # noqa: 
 # cluster: one line, no traceback)
 EXIT_OK, EXIT_USER_ERROR, EXIT_SPARK_FAILED = EXIT_VALID, EXIT_USAGE, EXIT_CRASH
 MAX_SUMMARY_ROWS = 15          # configurations printed as they are; more are rolled up
-TABLES = ("runs", "skipped", "anomalies", "anomaly_counts", "by_config", "detection", "perf_by_state",
-          "unavailability", "recovery", "trends")
+TABLES = ("runs", "skipped", "anomalies", "anomaly_counts", "by_config", "detection", "detection_matrix",
+          "perf_by_state", "unavailability", "recovery", "trends")
 
 
 @dataclass
@@ -266,7 +266,7 @@ def _run(spark: Any, runs: list[Run], skipped: list[Skipped], out_dir: str, stor
             spark.sparkContext.setJobDescription("analyze: checks_and_timelines_stored")
             # the writes compute the anomalies and the fault-state tables of the new runs
             store_.write(spark, todo, fresh, t.stats, p)
-            cached += [t.ops, t.msgs]
+            cached += [t.ops, t.msgs, *t.cached]
             lap("checks_and_timelines_stored", "anomalies_of_every_run")
         back = store_.read(spark, runs)
         back.anomalies.write.mode("overwrite").parquet(out.path("anomalies.parquet"))
@@ -282,7 +282,7 @@ def _run(spark: Any, runs: list[Run], skipped: list[Skipped], out_dir: str, stor
         anomalies = spark.read.parquet(out.path("anomalies.parquet"))
         lap("checks", "fault_timelines")
         p = perf.compute(spark, history, t.ops, runs)
-        cached += [t.ops, t.msgs]
+        cached += [t.ops, t.msgs, *t.cached]
         stats = t.stats
         lap("fault_timelines", "campaign_tables")
     p.ops = p.ops.persist()

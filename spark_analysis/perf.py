@@ -82,8 +82,11 @@ class PerfTables:
 
 
 def compute(spark: SparkSession, history: DataFrame, ops: DataFrame, runs: list[Run]) -> PerfTables:
+    """The perf tables of these runs from checks.prepare's op table (`ops`: every op, the nemesis'
+    too); `history` is not read again."""
     final = int(PERF_DEFAULTS["final_process"])
-    nem = (history.where(F.col("process") == -1).select("run_id", "index", "time_ns", "type", "f").collect())
+    # the nemesis ops from the persisted op table (checks.prepare keeps them): no second pass over the history
+    nem = (ops.where(F.col("process") == -1).select("run_id", "index", "time_ns", "type", "f").collect())
     tl = timelines(nem)
     client = ops.where((F.col("process") >= 0) & (F.col("process") < final))
     win_rows = client.groupBy("run_id").agg(

@@ -11,6 +11,38 @@ from pathlib import Path
 import pytest
 
 from clusters import zookeeper
+from clusters.deploy.lifecycle import OWNER_TAG_ENV
+
+
+def pytest_configure(config):
+    """Label every cluster this session creates (in this process, xdist's workers and the CLI runs they
+    start, which inherit the environment), so that the session can remove the folders they leave."""
+    if not hasattr(config, "workerinput"):
+        os.environ.setdefault(OWNER_TAG_ENV, f"pytest-{uuid.uuid4().hex[:12]}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The folders of this session's clusters that are down: the runner keeps an invalid run's cluster
+    folder for a post-mortem (many tests make invalid runs on purpose) and a test that fails may leave one.
+    A cluster still up is named, not removed: its processes are a leak the test must fix."""
+    if hasattr(session.config, "workerinput"):
+        return
+    import json
+    import shutil
+    from clusters.deploy.spec import ROOT
+    tag = os.environ.get(OWNER_TAG_ENV)
+    for state in sorted(ROOT.glob("*/state.json")) if tag else []:
+        try:
+            st = json.loads(state.read_text())
+        except (OSError, ValueError):
+            continue
+        if st.get("owner_tag") != tag:
+            continue
+        if st.get("status") == "down":
+            shutil.rmtree(state.parent, ignore_errors=True)
+        else:
+            print(f"\nleft by this session and not down: cluster {state.parent.name} ({st.get('status')}); "
+                  f"`pulsar-chaos cluster down --force --name {state.parent.name}`")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -181,10 +181,12 @@ def test_pulsar_chaos_bugs_lists_every_knob_one_a_line_name_first(capsys):
 def test_pulsar_chaos_bugs_filters_by_component_and_prints_json(capsys):
     assert cli.main(["bugs", "--component", "load-balancer"]) == 0
     names = [ln.split()[0] for ln in capsys.readouterr().out.splitlines()]
-    assert names == ["lb.shed_to_owner", "lb.keep_preallocations"]
+    assert names == ["lb.shed_to_owner", "lb.keep_preallocations", "lb.no_version_check",
+                     "lb.tombstone_split_parent", "lb.ignore_existing_assigning"]
     assert cli.main(["bugs", "--json", "--component", "bookie"]) == 0
     got = json.loads(capsys.readouterr().out)
-    assert [g["name"] for g in got] == ["bookie.ack_before_fsync", "bookie.ignore_fence", "bookie.no_cookie"]
+    assert [g["name"] for g in got] == ["bookie.ack_before_fsync", "bookie.ignore_fence", "bookie.no_cookie",
+                                        "bookie.no_limbo"]
     assert got[0] == {"name": "bookie.ack_before_fsync", "component": "bookie", "default": False, "issues": [],
                       "scenario": REGISTRY["bookie.ack_before_fsync"].scenario,
                       "help": REGISTRY["bookie.ack_before_fsync"].help}
@@ -207,12 +209,14 @@ def _detection_rows() -> list:
     return [e.spec(e.label, "r") for e in c.entries]
 
 
-FIELDS = ("workload", "nemesis", "nemesis_interval", "time_limit", "options", "brokers", "topics", "lb_settings")
+FIELDS = ("workload", "nemesis", "nemesis_interval", "time_limit", "options", "brokers", "topics", "lb_settings",
+          "broker_settings")
 
 
 def _fields(spec) -> dict:
     out = {f: getattr(spec, f) for f in FIELDS}
-    out["lb_settings"] = {k: str(v) for k, v in out["lb_settings"].items()}    # --lb-setting gives text
+    for table in ("lb_settings", "broker_settings"):          # --lb-setting / --broker-setting give text
+        out[table] = {k: str(v) for k, v in out[table].items()}
     return out
 
 

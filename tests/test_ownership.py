@@ -92,3 +92,46 @@ def test_a_restarted_broker_retakes_its_previous_sessions_lock_instead_of_adopti
             await new_store.close()
             await other_store.close()
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("knob", [False, True])
+def test_bug_knob_release_reacquired_lock_gives_a_bundle_two_owners(zk, knob):
+    """broker.release_reacquired_lock (apache/pulsar#26197): broker 1's session expires (its bundle lock
+    with it) and comes back. With the knob the expired lock starts a background unload; a lookup on
+    broker 1 meanwhile acquires the bundle again, and the unload, when its topics are closed, deletes
+    that new lock while broker 1 keeps serving: broker 2 acquires the bundle too. Without it broker 1
+    re-claims its lock on the new session and broker 2 is redirected to it."""
+    async def scenario():
+        topic = "persistent://public/default/expired-lock"
+        stores = [await MetadataStore(zk, name=f"s{i}").start() for i in range(2)]
+        bugs = {"broker.release_reacquired_lock": True} if knob else {}
+        cfgs = [BrokerConfig(name=f"broker-{i + 1}", host=f"127.0.0.{i + 1}", zk=zk, data_dir="/tmp", bugs=bugs)
+                for i in range(2)]
+        unloaded = asyncio.Event()
+
+        async def unload_topics(bundle):                # closing the bundle's topics takes a while
+            await asyncio.sleep(0.3)
+            unloaded.set()
+        one = Ownership(stores[0], cfgs[0], on_lost=unload_topics)
+        two = Ownership(stores[1], cfgs[1])
+        try:
+            for o in (one, two):
+                await o.start()
+            assert (await one.lookup(topic, authoritative=True)).kind == "connect"
+            bundle = one.bundle(topic)
+            await stores[1].delete(bundle.path)         # the session expired: its ephemeral lock is gone
+            one._on_session("LOST")
+            one._on_session("CONNECTED")                # the new session
+            await asyncio.sleep(0.05)
+            res = await one.lookup(topic, authoritative=True)      # a client looks the topic up again
+            assert res.kind == "connect" and res.url == one.cfg.service_url
+            if knob:
+                await asyncio.wait_for(unloaded.wait(), 5)
+            await asyncio.sleep(0.3)
+            await two.lookup(topic, authoritative=True)
+            owners = [o.cfg.name for o in (one, two) if o.owns(topic)]
+            assert owners == (["broker-1", "broker-2"] if knob else ["broker-1"]), owners
+        finally:
+            for s in stores:
+                await s.close()
+    asyncio.run(scenario())

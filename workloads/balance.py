@@ -59,6 +59,8 @@ def checkers(spec: TestSpec | None = None, extra: dict[str, dict[str, Any]] | No
             wait_ms = float(spec.lb_settings.get("loadBalancerInFlightServiceUnitStateWaitingTimeInMillis", 30000))
             monitor_s = float(spec.lb_settings.get("loadBalancerServiceUnitStateMonitorIntervalInSeconds", 60))
             extra.setdefault("channel", {}).setdefault("in_flight_limit_s", wait_ms / 1000.0 + monitor_s)
+            # a running destination completes an Assigning at once: within the waiting time
+            extra["channel"].setdefault("assign_limit_s", wait_ms / 1000.0)
     return select({n: extra.get(n, {}) for n in names})
 
 

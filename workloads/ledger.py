@@ -18,8 +18,28 @@ History (key = the ledger id as a string):
   add      invoke value = the int; ok with message_id {ledger_id, entry_id, partition -1, batch_index -1};
            fail when certainly not written (no ledger to write to, or the handle refused it before
            sending); info otherwise (a fenced or failed add may still be on a bookie)
-  recover  ok value {"last_entry": L}; fail if the ledger does not exist; info otherwise
-  read     (final, process >= FINAL_PROCESS) ok value [{"entry_id", "value", "message_id"}...]
+  recover  ok value {"last_entry": L}; fail if the ledger does not exist; info otherwise (value
+           {"invalid_fragment": why} when it asked for a fragment below the ledger's last one)
+  read     (final, process >= FINAL_PROCESS) ok value [{"entry_id", "value", "message_id"}...]; an
+           entry that every bookie of its write set says it does not have is left out (lost), and
+           listed in "missing"; an entry no bookie answered for makes the read info
+
+The BookKeeper clients here are the system under test (the writer and the recoverer stand for two
+brokers), so they receive the run's bookkeeper-client bug knobs (`--bug bk....`); the final reads'
+client gets them too (its recoveries are the system's).
+
+Targeted faults (options, off by default): one request type to one bookie lost or late, between the
+client and the bookie (clusters/bookkeeper/channel.py `RequestFault`), the way a one-way network fault
+of one connection would do it. "The ledger's target bookie" is the one at index (ledger id mod E) of
+its ensemble (so that it is the first in some ledgers and the last in others):
+  lost_fence          the recoverer's fencing LAC read to the ledger's target bookie is lost (it never
+                      arrives; coverage is reached without it)
+  slow_adds_ms        the writer's adds to the ledger's target bookie arrive this much later
+  lost_adds_from      the writer's adds of entry ids >= this are lost (to every bookie): the writer
+                      replaces its whole ensemble, and the new last fragment stays empty
+  lost_recovery_adds  the recoverer's recovery write-backs are lost
+  slow_metadata_ms    the writer's ledger metadata writes (an ensemble change's compare-and-set) reach
+                      ZooKeeper this much later
 """
 from __future__ import annotations
 
@@ -44,6 +64,12 @@ OPTIONS: dict[str, tuple[Any, str]] = {
                               "ledger (each wait is uniform in [0.5, 1.5] times this)"),
     "ledger_max_entries": (1000, "the writer closes its ledger and starts a new one after this many "
                                  "entries (0: only when fenced or broken)"),
+    "lost_fence": (False, "the recoverer's fencing LAC read to the ledger's target bookie (index ledger id "
+                          "mod E of the ensemble) is lost"),
+    "slow_adds_ms": (0, "the writer's adds to the ledger's target bookie are this many ms late"),
+    "lost_adds_from": (0, "the writer's adds of entry ids >= this are lost (0: none)"),
+    "lost_recovery_adds": (False, "the recoverer's recovery write-backs are lost"),
+    "slow_metadata_ms": (0, "the writer's ledger metadata writes reach ZooKeeper this many ms late"),
 }
 VALUE_STRIDE = 10_000_000         # value = (adder + 1) * VALUE_STRIDE + n: unique across the run
 ROOT = "/pulsar-chaos/ledger"     # the registry znodes live under ROOT/<test name>-<run id>
@@ -109,7 +135,11 @@ decode = base.decode_value
 class Client:
     """A BookKeeper client on its own event loop thread (one per worker process)."""
 
-    def __init__(self, zk_connect: str, name: str, out: Any = None):
+    def __init__(self, zk_connect: str, name: str, out: Any = None, bugs: dict[str, Any] | None = None,
+                 fault: Any = None):
+        self.bugs = dict(bugs or {})
+        self.fault = fault            # a RequestFault for the client's channel pool (targeted faults)
+        self.metadata_delay = 0.0     # seconds each metadata compare-and-set waits first (targeted fault)
         self.out = out or sys.stdout
         self.name = name
         self.loop = asyncio.new_event_loop()
@@ -118,6 +148,7 @@ class Client:
         self.store: Any = None
         self.bk: Any = None
         self.zk_connect = zk_connect
+        self.writer: Any = None        # the Writer, in the writer's worker (for its targeted faults)
         self._started = False
         self._start_lock = threading.Lock()
 
@@ -147,9 +178,14 @@ class Client:
         if self.store is None:
             store = MetadataStore(self.zk_connect, session_timeout=ZK_SESSION_S, name=self.name)
             await store.start(timeout)          # raises on a timeout: a new session next time
+            if self.metadata_delay > 0:
+                store.set = _late(store.set, self.metadata_delay)     # type: ignore[method-assign]
             self.store = store
         if self.bk is None:
-            self.bk = await BookKeeper(self.store, name=self.name).start()
+            from clusters.bugs import Knobs
+            self.bk = await BookKeeper(self.store, name=self.name,
+                                       knobs=Knobs(self.bugs, "bookkeeper-client")).start()
+            self.bk.pool.fault = self.fault
 
     def close(self, timeout: float = 5.0) -> None:
         async def shut() -> None:
@@ -175,6 +211,10 @@ class Client:
         names = await self.store.children(root)
         return sorted(int(n) for n in names if n.isdigit())
 
+    @property
+    def writer_handle(self) -> Any:
+        return self.writer.lh if self.writer is not None else None
+
     # -- recovery and reads
     async def recover(self, ledger: int) -> int:
         rh = await self.bk.open_ledger(ledger, recovery=True)
@@ -185,15 +225,32 @@ class Client:
         last = rh.last_entry_id
         if last < 0:
             return []
+        from clusters.bookkeeper.errors import BKNoSuchEntryError
         out = []
+        missing: list[int] = []
         step = 1000
+
+        def keep(e: int, p: bytes) -> None:
+            out.append({"entry_id": e, "value": decode(p),
+                        "message_id": {"ledger_id": ledger, "entry_id": e, "partition": -1,
+                                       "batch_index": -1}})
         for first in range(0, last + 1, step):
-            payloads = await rh.read(first, min(last, first + step - 1))
+            hi = min(last, first + step - 1)
+            try:
+                payloads = await rh.read(first, hi)
+            except BKNoSuchEntryError:
+                # one by one: an entry every bookie of its write set says it lacks is lost (a
+                # definite answer); any other error still fails the read
+                for e in range(first, hi + 1):
+                    try:
+                        keep(e, (await rh.read(e, e))[0])
+                    except BKNoSuchEntryError:
+                        missing.append(e)
+                continue
             for i, p in enumerate(payloads):
-                e = first + i
-                out.append({"entry_id": e, "value": decode(p),
-                            "message_id": {"ledger_id": ledger, "entry_id": e, "partition": -1,
-                                           "batch_index": -1}})
+                keep(first + i, p)
+        if missing:
+            self.log(f"ledger {ledger}: no bookie has entries {missing[:20]} (closed at {last})")
         return out
 
 
@@ -306,17 +363,74 @@ def _log_bookkeeper() -> None:
         lg.setLevel(logging.INFO)
 
 
+def _failed_recovery(e: BaseException) -> dict[str, Any]:
+    """An info op's fields for a recovery that raised `e`; value {"invalid_fragment": why} when it failed
+    because it asked for a fragment keyed below the ledger's last one (the `fencing` checker's
+    invalid-fragment: such a recovery fails every time, and the ledger cannot be closed)."""
+    from clusters.bookkeeper.errors import BKInvalidEnsembleError
+    out: dict[str, Any] = {"error": _error(e)}
+    if isinstance(e, BKInvalidEnsembleError):
+        out["value"] = {"invalid_fragment": str(e)}
+    return out
+
+
 def _error(e: BaseException) -> str:
     if isinstance(e, concurrent.futures.TimeoutError):
         return "timed out"
     return f"{type(e).__name__}: {e}"
 
 
-def client_for(ctx: Context) -> Client:
+def client_for(ctx: Context, role: str = "final") -> Client:
+    """The worker's BookKeeper client; `role` ("writer", "recoverer", both when one worker runs them,
+    or "final") decides which targeted faults its requests suffer."""
     _log_bookkeeper()
-    c = Client(ctx.cluster.get("zk_connect", ""), ctx.name, ctx.out)
+    c = Client(ctx.cluster.get("zk_connect", ""), ctx.name, ctx.out, bugs=ctx.spec.bugs)
+    c.fault = request_fault(ctx.spec, role, c)
+    if "writer" in role:
+        c.metadata_delay = float(ctx.spec.options.get("slow_metadata_ms", 0) or 0) / 1000.0
     ctx.cleanups.append(c.close)
     return c
+
+
+def _late(fn: Callable[..., Any], delay: float) -> Callable[..., Any]:
+    """`fn` (a coroutine function) reaching its server `delay` seconds late."""
+    async def late(*args: Any, **kw: Any) -> Any:
+        await asyncio.sleep(delay)
+        return await fn(*args, **kw)
+    return late
+
+
+def request_fault(spec: TestSpec, role: str, client: Client) -> Any:
+    """The RequestFault of the options' targeted faults for a client in `role`, or None."""
+    from clusters.bookie import protocol as P
+    from clusters.bookkeeper.channel import DROP
+    opts = spec.options
+    lost_fence = "recoverer" in role and bool(opts.get("lost_fence", False))
+    lost_recovery_adds = "recoverer" in role and bool(opts.get("lost_recovery_adds", False))
+    slow = float(opts.get("slow_adds_ms", 0) or 0) / 1000.0 if "writer" in role else 0.0
+    lost_from = int(opts.get("lost_adds_from", 0) or 0) if "writer" in role else 0
+    if not (lost_fence or lost_recovery_adds or slow or lost_from):
+        return None
+    fences: dict[int, int] = {}      # ledger -> fencing LAC reads sent (in ensemble order)
+    size = max(1, spec.ensemble)
+
+    def fault(addr: str, op: int, flags: int, ledger: int, entry: int) -> Any:
+        if op == P.ADD:
+            if flags & P.FLAG_RECOVERY_ADD:
+                return DROP if lost_recovery_adds else None
+            if lost_from and entry >= lost_from:
+                return DROP
+            if slow:
+                lh = client.writer_handle
+                if lh is not None and lh.ledger_id == ledger and lh.ensemble[ledger % len(lh.ensemble)] == addr:
+                    return slow
+            return None
+        if lost_fence and op == P.READ and flags & P.FLAG_DO_FENCING and entry == P.INVALID_ENTRY:
+            n = fences[ledger] = fences.get(ledger, 0) + 1    # sent in ensemble order: index n - 1
+            if (n - 1) % size == ledger % size:
+                return DROP
+        return None
+    return fault
 
 
 # ------------------------------------------------------------------------------------ threads
@@ -412,17 +526,19 @@ def _recover(client: Client, ledger: int) -> tuple[str, dict[str, Any]]:
     except BKNoSuchLedgerError as e:
         return FAIL, {"error": _error(e)}
     except Exception as e:          # it may have fenced some bookies, or even closed the ledger
-        return INFO, {"error": _error(e)}
+        return INFO, _failed_recovery(e)
     client.log(f"recovered ledger {ledger}: last entry {last}")
     return OK, {"value": {"last_entry": last}}
 
 
 def start(ctx: Context) -> list[threading.Thread]:
     spec = ctx.spec
-    client = client_for(ctx)
+    roles = [r for r, w in (("writer", 0), ("recoverer", recoverer_worker(spec, ctx.workers))) if ctx.worker == w]
+    client = client_for(ctx, "+".join(roles) or "none")
     targets: list[tuple[str, Callable[[], None]]] = []
     if ctx.worker == 0:
         writer = Writer(client, spec, registry_path(spec, ctx.run_dir.name))
+        client.writer = writer
         try:
             client.ensure_started()       # before the first add, so that it measures the system
         except Exception as e:
@@ -464,7 +580,7 @@ def start_final(ctx: Context) -> list[threading.Thread]:
             try:
                 return OK, {"value": client.call(client.recover_and_read(ledger), left)}
             except Exception as e:
-                return INFO, {"error": _error(e)}
+                return INFO, _failed_recovery(e)
         base.once(ctx, base.FINAL_PROCESS + i, "read", str(ledger), None, perform)
 
     def share(k: int) -> None:

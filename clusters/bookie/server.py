@@ -15,7 +15,8 @@ cookies, and marks them under-replicated naming itself as `formatted` (urmanager
 auto-recovery copies its fragments elsewhere although it is registered. For a ledger in limbo it
 never answers NO_SUCH_ENTRY / NO_SUCH_LEDGER (ledger recovery would take that for "never
 written" and truncate acknowledged entries, apache/bookkeeper#4812): it answers ERROR, which a
-recovery read counts as unknown. Entries it does store are served as usual.
+recovery read counts as unknown. Entries it does store are served as usual. The bug knob
+`bookie.no_limbo` (apache/bookkeeper#2612) turns this off: the formatted bookie is trusted at once.
 """
 from __future__ import annotations
 
@@ -130,6 +131,7 @@ class Bookie:
         ack_early = self.knobs.on("bookie.ack_before_fsync")
         self.ignore_fence = self.knobs.on("bookie.ignore_fence")
         self.no_cookie = self.knobs.on("bookie.no_cookie")
+        self.no_limbo = self.knobs.on("bookie.no_limbo")
         self.limbo: set[int] = set()       # ledgers this bookie lost in an earlier life
         self.cookie_state: str | None = None   # "new" / "ok" after the check; None: not checked
         self.journal = Journal(self.data_dir / "journal", sync_data=cfg.journal_sync_data,
@@ -289,6 +291,14 @@ class Bookie:
         bk = BookKeeper(self.store, name=f"cookie-{me}")    # metadata reads only: never started
         held = await bk.all_ledger_metadata()
         lost = {lid for lid, md in held.items() if me in md.bookies()} - set(self.storage.ledgers)
+        if lost and self.no_limbo:
+            # BookKeeper before BP-46 (apache/bookkeeper#2612): a formatted bookie rejoins under its id
+            # and is trusted at once: it answers "no such ledger/entry" for what it lost, nothing is
+            # fenced here, and nothing is marked under-replicated (the auditor sees a live bookie)
+            log.warning("bookie %s: new bookie under an id the ledger metadata already lists: %d "
+                        "ledger(s) %s lost, NOT in limbo (bookie.no_limbo)", me, len(lost),
+                        sorted(lost)[:20])
+            lost = set()
         if lost:
             self.limbo = lost
             for lid in lost:

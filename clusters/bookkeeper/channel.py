@@ -4,6 +4,13 @@ Requests are registered with a callback `cb(ctx, status, body)`; responses are m
 request id and may arrive in any order.  A request that gets no answer within its timeout
 is completed with status TIMEOUT; a lost connection completes everything outstanding on it
 with CONNECTION_LOST.  Frames are coalesced and written once per event-loop iteration.
+
+Targeted request faults (`ChannelPool.fault`, None normally): a function of (bookie address, op,
+flags, ledger, entry) that answers None (send it), DROP (the request is lost on the way: it is never
+written, and completes with TIMEOUT like any unanswered request) or a delay in seconds (it is
+written that much later). The harness's ledger workload uses them to lose one fencing request or
+slow one writer's adds to one bookie (one request type to one bookie, as a one-way network fault
+between two processes would, which iptables cannot tell apart by request type).
 """
 from __future__ import annotations
 
@@ -18,6 +25,9 @@ log = logging.getLogger(__name__)
 
 Callback = Callable[[Any, int, bytes], None]
 CONNECT_TIMEOUT = 3.0
+DROP = "drop"
+# (bookie address, op, flags, ledger, entry) -> None (send) | DROP (lost) | seconds of delay
+RequestFault = Callable[[str, int, int, int, int], "float | str | None"]
 
 
 class _Conn(asyncio.Protocol):
@@ -81,6 +91,21 @@ class BookieChannel:
     def request(self, op: int, flags: int, ledger: int, entry: int, parts: list, cb: Callback,
                 ctx: Any, timeout: float) -> None:
         """Send a request; cb(ctx, status, body) runs exactly once, later (never inside this call)."""
+        fault = self.pool.fault
+        if fault is not None:
+            act = fault(self.addr, op, flags, ledger, entry)
+            if act == DROP:
+                self._rid += 1      # lost on the way: only its timeout (or a lost connection) answers
+                self.pending[self._rid] = (cb, ctx, self.pool.loop.time(), timeout)
+                return
+            if act:
+                self.pool.loop.call_later(float(act), self._send, op, flags, ledger, entry, parts,
+                                          cb, ctx, timeout)
+                return
+        self._send(op, flags, ledger, entry, parts, cb, ctx, timeout)
+
+    def _send(self, op: int, flags: int, ledger: int, entry: int, parts: list, cb: Callback,
+              ctx: Any, timeout: float) -> None:
         loop = self.pool.loop
         if self.closed:
             loop.call_soon(cb, ctx, P.CONNECTION_LOST, b"")
@@ -187,6 +212,7 @@ class ChannelPool:
         self.min_timeout = max(0.05, min_timeout)
         self.channels: dict[str, BookieChannel] = {}
         self._sweeper: asyncio.Task | None = None
+        self.fault: RequestFault | None = None      # targeted request faults (module docstring)
 
     def start(self) -> None:
         self._sweeper = self.loop.create_task(self._sweep_loop(), name="bk-timeouts")

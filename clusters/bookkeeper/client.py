@@ -12,6 +12,20 @@ Protocol rules implemented here (see docs: bookkeeper-and-pulsar-internals.md, 1
     start at max(max LAC, first entry of the last fragment - 1), read forward with fencing
     reads (positive on any OK, negative on Qw - Qa + 1 NoSuchEntry), write back with recovery
     adds, then CAS IN_RECOVERY -> CLOSED.
+
+Bug knobs (component "bookkeeper-client", clusters/bugs.py), each restoring a fixed BookKeeper bug:
+  * bk.recovery_reads_no_fence (apache/bookkeeper#2614, PR #2616): recovery reads carry no fence
+    flag, so a bookie whose fencing LAC read was lost stays unfenced and the old writer's last add
+    can reach Qa on it after recovery decided that entry absent;
+  * bk.recovery_min_lac_minus_one (apache/bookkeeper#2615, PR #2654): recovery starts at the max
+    LAC the last ensemble reports, without the floor first-entry-of-the-last-fragment - 1; an
+    empty last fragment makes it re-add earlier fragments' entries to it, and a write-back failure
+    then asks for a fragment keyed below the last one: the recovery fails, every time;
+  * bk.ack_broken_entry_on_ensemble_change (apache/bookkeeper#3005, PR #3041): after an ensemble
+    change the pending adds are re-examined in order, and one the replaced bookie was not in the
+    write set of acknowledges the completed adds behind it before they were re-examined, so an add
+    whose ack quorum counted the replaced bookie is acknowledged with fewer than Qa copies in its
+    (new) fragment, and never re-sent.
 """
 from __future__ import annotations
 
@@ -34,8 +48,9 @@ from clusters.metrics import REGISTRY
 from . import quorum
 from .channel import ChannelPool
 from .errors import (BKDigestError, BKError, BKLedgerClosedError, BKLedgerFencedError,
-                     BKMetadataVersionError, BKNoSuchEntryError, BKNoSuchLedgerError,
-                     BKNotEnoughBookiesError, BKReadError, BKRecoveryError, BKTimeoutError)
+                     BKInvalidEnsembleError, BKMetadataVersionError, BKNoSuchEntryError,
+                     BKNoSuchLedgerError, BKNotEnoughBookiesError, BKReadError, BKRecoveryError,
+                     BKTimeoutError)
 from .metadata import (AVAILABLE, CLOSED, IDGEN, IN_RECOVERY, LEDGERS, OPEN, LedgerMetadata,
                        ledger_path, parse_ledger_path)
 
@@ -252,7 +267,10 @@ class BookKeeper:
         last_key = md.last_ensemble_key()
         RECOVERIES.inc(1, str(fence).lower())
         max_lac = await self._read_lac_quorum(md, fencing=fence, recovery=True)
-        lac = max(max_lac, last_key - 1)
+        if self.knobs.on("bk.recovery_min_lac_minus_one"):
+            lac = max_lac          # apache/bookkeeper#2615: no floor at the last fragment's start
+        else:
+            lac = max(max_lac, last_key - 1)
         log.info("recovering ledger %d (fence=%s): max LAC %d, start %d, ensemble %s",
                  lid, fence, max_lac, lac, md.current_ensemble)
         rh = LedgerHandle(self, md.copy(), recovery=True, start_lac=lac)
@@ -281,6 +299,8 @@ class BookKeeper:
         if futs:
             results = await asyncio.gather(*futs, return_exceptions=True)
             for r in results:
+                if isinstance(r, BKInvalidEnsembleError):
+                    raise BKInvalidEnsembleError(f"ledger {lid}: write-back failed: {r}") from r
                 if isinstance(r, BaseException):
                     raise BKRecoveryError(f"ledger {lid}: write-back failed: {r!r}") from r
         last = rh.last_add_confirmed
@@ -299,7 +319,7 @@ class BookKeeper:
             lk = m.last_ensemble_key()
             for k, ens in sorted(recovered_ensembles.items()):
                 if k < lk:
-                    raise BKRecoveryError(f"ledger {lid}: recovery ensemble {k} < {lk}")
+                    raise BKInvalidEnsembleError(f"ledger {lid}: recovery ensemble {k} < {lk}")
                 new.ensembles[k] = list(ens)
             return new
         md2, wrote = await self._update_metadata(md, predicate, transform)
@@ -363,6 +383,8 @@ class BookKeeper:
         ws = quorum.write_set(eid, md.ensemble_size, md.write_quorum)
         st = [0, 0, 0]   # ok, missing, answered
         errors: list[str] = []
+        if self.knobs.on("bk.recovery_reads_no_fence"):
+            fencing = False        # apache/bookkeeper#2614: only the LAC reads fence
         flags = (P.FLAG_DO_FENCING | P.FLAG_HIGH_PRIORITY) if fencing else P.FLAG_HIGH_PRIORITY
 
         def cb(i: int, status: int, body: bytes) -> None:
@@ -716,9 +738,25 @@ class LedgerHandle:
                 mask = 0
                 for i in replaced:
                     mask |= 1 << i
+                broken = self.bk.knobs.on("bk.ack_broken_entry_on_ensemble_change")
+                if broken:
+                    # apache/bookkeeper#3005: the change counts as over before the pending adds are
+                    # re-examined, and an add untouched by it acknowledges the completed ones behind
+                    # it (sendAddSuccessCallbacks) before their ack sets lost the replaced bookie
+                    self._changing = False
                 for op in list(self._pending):
+                    if broken and op.fut.done():
+                        continue           # acknowledged meanwhile: neither unset nor re-sent
                     if not op.sent:
                         self._send(op, op.ws)
+                        continue
+                    if broken and not any((mask >> i) & 1 for i in op.ws):
+                        before = self.last_add_confirmed
+                        self._send_success_callbacks()
+                        if self.last_add_confirmed != before:
+                            log.info("ledger %d: entries %d-%d acknowledged during the ensemble change's "
+                                     "unset (bk.ack_broken_entry_on_ensemble_change)", self.ledger_id,
+                                     before + 1, self.last_add_confirmed)
                         continue
                     op.acked &= ~mask
                     if op.completed and op.acked.bit_count() < self.Qa:
@@ -726,6 +764,8 @@ class LedgerHandle:
                     targets = [i for i in op.ws if (mask >> i) & 1]
                     if targets:
                         self._send(op, targets)
+                if broken:
+                    self._changing = True      # (until this loop ends, as without the knob)
         finally:
             self._changing = False
             self._change_task = None
@@ -750,7 +790,8 @@ class LedgerHandle:
                 ens[i] = nb
             lk = m.last_ensemble_key()
             if lk > new_key:
-                raise BKError(f"ledger {self.ledger_id}: last fragment {lk} > LAC+1 {new_key}")
+                raise BKInvalidEnsembleError(f"ledger {self.ledger_id}: a new fragment at LAC+1 "
+                                             f"{new_key} below the last fragment {lk}")
             new.ensembles[new_key] = ens    # replaces the last fragment if lk == new_key
             return new
 

@@ -49,3 +49,8 @@ class BKReadError(BKError):
 
 class BKDigestError(BKReadError):
     """A bookie returned an entry whose checksum does not match."""
+
+
+class BKInvalidEnsembleError(BKRecoveryError):
+    """A ledger recovery tried to add a fragment keyed below the ledger's last one (BookKeeper's
+    IllegalStateException of apache/bookkeeper#2615): the recovery fails, every time the same way."""

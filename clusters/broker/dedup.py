@@ -25,6 +25,17 @@ properties, so the map lives in a znode of its own, `/dedup-snapshots/<managed l
 written before the cursor moves (the cursor is never ahead of the snapshot, so the replay always
 finds its entries). A stale write by a deposed owner can only move the snapshot back, which the
 replay makes good.
+
+The bug knob `broker.dedup_recovery_race` restores the recovery race of apache/pulsar#25954 (fixed by
+#25953): a check of the status neither waits for a recovery under way nor is kept out of it. The
+enable path opens the dedup cursor and only then marks the status Recovering, a check that finds it
+Recovering treats the recovery as done (the topic load goes on and exposes the topic to producers
+while the replay still runs, and until it ends every message is taken as new), and a check that
+comes before Recovering starts a second replay over the same cursor. The replays read through the
+cursor's one read position and write the live maps entry by entry, as Pulsar's replay did. A topic
+load makes two such checks when the topic has topic-level policies (the policy path's and the load
+chain's own: clusters/broker/service.py), so producers resending after an owner change get messages
+stored twice although deduplication is on.
 """
 from __future__ import annotations
 
@@ -138,6 +149,7 @@ class MessageDeduplication:
         # the broker's bug knobs (clusters/bugs.py); None: all safe
         self.knobs = knobs if knobs is not None else Knobs.defaults("broker")
         self.pushed_only = self.knobs.on("broker.dedup_pushed_only")
+        self.recovery_race = self.knobs.on("broker.dedup_recovery_race")
         self.ml = ml
         self.snapshots = snapshots
         self.interval = max(1, interval)
@@ -156,6 +168,7 @@ class MessageDeduplication:
         self._lock = asyncio.Lock()
         self._snap_pending: tuple[Position, dict[str, int]] | None = None
         self._snap_task: asyncio.Task | None = None
+        self._read_position: Position | None = None   # the dedup cursor's (broker.dedup_recovery_race)
 
     def __repr__(self) -> str:
         return f"MessageDeduplication({self.topic}, {self.status})"
@@ -168,7 +181,11 @@ class MessageDeduplication:
     async def apply(self, should_enable: bool) -> None:
         """Bring the state in line with the policy: enabling recovers the maps from the snapshot and
         the entries after it; disabling deletes the cursor and the snapshot. Raises if recovery fails
-        (the status is then Failed and messages are not deduplicated)."""
+        (the status is then Failed and messages are not deduplicated). Concurrent calls are serialised:
+        one that comes while a recovery runs waits for it (the fix of apache/pulsar#25954)."""
+        if self.recovery_race:
+            await self._apply_racing(should_enable)
+            return
         async with self._lock:
             if should_enable and self.status != ENABLED:
                 await self._enable()
@@ -207,6 +224,71 @@ class MessageDeduplication:
             raise
         finally:
             self._live = None
+
+    # -- bug knob broker.dedup_recovery_race: Pulsar's checkStatus before apache/pulsar#25953 -----------
+    async def _apply_racing(self, should_enable: bool) -> None:
+        if self.status in (RECOVERING, REMOVING):
+            return                       # a transition is under way: taken as done, nobody waits for it
+        if should_enable and self.status != ENABLED:
+            try:
+                cursor = await self._open_cursor()
+                # Recovering only now, once the cursor is open: a check meanwhile starts a replay of its
+                # own, and a check from now on takes the recovery as done
+                self.status = RECOVERING
+                snap = await self.snapshots.load()
+                if snap is not None:
+                    start, seqs = snap
+                    self.snapshot_position = start
+                    for name, seq in seqs.items():
+                        self.pushed[name] = self.persisted[name] = seq
+                else:
+                    start = cursor.mark_delete_position
+                if self._read_position is None:
+                    self._read_position = self.ml.next_position(start) if start is not None \
+                        else self.ml.first_position()
+                await self._replay_through_cursor()
+                self.cursor = cursor
+                self._counter = 0
+                self._last_snapshot = time.monotonic()
+                self.status = ENABLED
+                log.info("%s: deduplication enabled (%d producers, %d entries replayed; bug knob "
+                         "broker.dedup_recovery_race)", self.topic, len(self.persisted), self.replayed_entries)
+            except BaseException:
+                self.status = FAILED
+                raise
+        elif not should_enable and (self.status in (ENABLED, FAILED) or DEDUP_CURSOR in self.ml.cursors):
+            await self._disable()
+
+    async def _open_cursor(self) -> Any:
+        cursor = self.ml.cursors.get(DEDUP_CURSOR)
+        if cursor is None:
+            cursor = await self.ml.open_cursor(DEDUP_CURSOR, "latest")
+        return cursor
+
+    async def _replay_through_cursor(self) -> None:
+        """Read the entries from the dedup cursor's read position, which every replay of this topic
+        shares and moves, writing each entry's sequence id into the live maps (Pulsar's replay)."""
+        ml = self.ml
+        while self._read_position is not None:
+            pos = self._read_position
+            lc = ml.last_confirmed
+            if lc is None or pos > lc:
+                break
+            batch = await ml.read_entries(pos, REPLAY_BATCH)
+            if not batch:
+                break
+            for _, entry in batch:
+                try:
+                    md = frames.entry_metadata(entry)
+                except frames.ProtocolError:
+                    continue
+                seq = entry_highest_sequence_id(md)
+                self.pushed[md.producer_name] = seq
+                self.persisted[md.producer_name] = seq
+                self.replayed_entries += 1
+            nxt = ml.next_position(batch[-1][0])
+            if self._read_position is None or nxt > self._read_position:
+                self._read_position = nxt
 
     async def _replay(self, after: Position | None, seqs: dict[str, int]) -> None:
         ml = self.ml

@@ -58,6 +58,12 @@ class ManagedCursor:
     old owner's writes), take its last record; a missing or empty ledger falls back to the znode's
     position. A CAS of the znode then fences the old owner's metadata writes. The next write
     switches to a new cursor ledger.
+
+    The bug knob `broker.cursor_persist_read_position` (apache/pulsar#18236, fixed by #18237):
+    creating a cursor at the latest position, and resetting it to a position, persist the *read*
+    position (the next entry to deliver) where the mark-delete position belongs, as Pulsar's
+    internalResetCursor did. A clean close writes the right position again; a broker killed before
+    the cursor's next write leaves the next owner a cursor that has skipped one unacknowledged entry.
     """
 
     def __init__(self, ml: Any, name: str, mark_delete: Position | None, version: int = -1):
@@ -86,6 +92,7 @@ class ManagedCursor:
         self._flush_waiters: list[tuple[int, asyncio.Future]] = []
         self._last_write = -math.inf
         self._io = asyncio.Lock()
+        self._persist_instead: Position | None = None   # bug knob broker.cursor_persist_read_position
 
     def __repr__(self) -> str:
         return f"ManagedCursor({self.ml.name}/{self.name}, md={self.mark_delete_position})"
@@ -142,6 +149,7 @@ class ManagedCursor:
         """Without waiting: move the mark-delete position forward to `pos` (never back) and/or note
         that the individually deleted ranges changed; the write follows, rate-limited."""
         self._ranges_suspended = False
+        self._persist_instead = None
         if pos is not None and (self.mark_delete_position is None or pos > self.mark_delete_position):
             old = self.mark_delete_position
             self.mark_delete_position = pos
@@ -158,6 +166,8 @@ class ManagedCursor:
     async def reset(self, pos: Position | None) -> None:
         """Seek: the next entry read is `pos` (None = the first entry); written at once."""
         self.mark_delete_position = None if pos is None else Position(pos.ledger_id, pos.entry_id - 1)
+        if pos is not None and self.ml.knobs.on("broker.cursor_persist_read_position"):
+            self._persist_instead = pos      # the read position, not the mark-delete (apache/pulsar#18236)
         self._ranges = []
         self._ranges_suspended = True   # the subscription's ranges are stale until it updates us
         self._schedule(urgent=True)
@@ -196,7 +206,7 @@ class ManagedCursor:
                 continue
             self._urgent = False
             gen = self._gen
-            md = self.mark_delete_position
+            md = self.mark_delete_position if self._persist_instead is None else self._persist_instead
             ranges = self.individually_deleted_ranges()
             self._last_write = time.monotonic()
             try:
@@ -323,10 +333,14 @@ class ManagedCursor:
                                    failed=f"cursor {self.name}: updating its znode", lost=(BadVersion, NoNode))
 
     # -- lifecycle ------------------------------------------------------------------
-    async def create(self) -> bool:
+    async def create(self, initial_position: str = "earliest") -> bool:
         """A new cursor: its znode (position, no ledger yet), then its first cursor ledger.
         False when the znode exists already."""
         md = self.mark_delete_position
+        if initial_position == "latest" and self.ml.knobs.on("broker.cursor_persist_read_position"):
+            md = self.ml.read_position_after(md)     # apache/pulsar#18236: the read position
+            log.warning("cursor %s/%s: persisting read position %s as its mark-delete position (bug knob)",
+                        self.ml.name, self.name, md)
         try:
             await self.ml.store.create(self.path, self._info(-1, md, []), makepath=True)
         except NodeExists:
@@ -335,6 +349,7 @@ class ManagedCursor:
         async with self._io:
             await self._switch_ledger(md, [], self._record(md, []))
         self.writes += 1
+        self.persisted_mark_delete = md
         return True
 
     @classmethod

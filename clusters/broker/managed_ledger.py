@@ -324,16 +324,63 @@ class ManagedLedger:
 
     def _age_check(self) -> None:
         self._age_timer = None
+        if self._state in ("rolling", "failed") and self.knobs.on("broker.rollover_race_creates_two_ledgers"):
+            self._age_check_during_creation()
+            return
         if self._state != "open":
             return             # rolling (the next ledger re-arms), failed, closed or fenced
         if self._full() and not self._queued:
             log.info("%s: ledger %d reached its maximum age; rolling over", self.name,
                      self._lh.ledger_id if self._lh is not None else -1)
             self._start_roll()
+            if self.knobs.on("broker.rollover_race_creates_two_ledgers"):
+                self._arm_age_timer(self.cfg.max_ledger_age_s)   # the check does not wait for its rollover
             return
         # empty (Pulsar rolls only a ledger with entries) or too young: look again later
         left = self._lh_created + self.cfg.max_ledger_age_s - time.monotonic()
         self._arm_age_timer(left if left > 0 else self.cfg.max_ledger_age_s)
+
+    # -- bug knob broker.rollover_race_creates_two_ledgers (apache/pulsar#12221, #14664) ----------------
+    # Pulsar's time-based rollover check (rollCurrentLedgerIfFull) ran while a ledger was being created
+    # (after an add failure closed the previous one): the closed ledger still counted as the current
+    # one and as full by age, so a second ledger was created beside the first. Each creation switches
+    # the writes to its ledger as soon as BookKeeper has created it and then updates the ledger list
+    # with the list and version it started from; the later update fails (BadVersion), its ledger is
+    # dropped from the list, and the adds it acknowledged are in a ledger the list does not name:
+    # no consumer reads them.
+    def _age_check_during_creation(self) -> None:
+        age = self.cfg.max_ledger_age_s
+        if self._full() and self._roll_task is not None:
+            log.warning("%s: ledger %s reached its maximum age while the next one is being created; creating "
+                        "another (bug knob)", self.name, self._lh.ledger_id if self._lh is not None else "-")
+            self._spawn(self._create_ledger_beside())
+        self._arm_age_timer(age)
+
+    async def _create_ledger_beside(self) -> None:
+        e_, qw, qa = self.persistence()
+        listed, version = list(self.ledgers), self._version
+        try:
+            lh = await self.bk.create_ledger(e_, qw, qa,
+                                             custom={"managed-ledger": self.name, "broker": self.cfg.name})
+        except (BKError, ValueError) as e:
+            log.warning("%s: creating a second ledger: %s", self.name, e)
+            return
+        if self._state in ("closed", "fenced"):
+            await self._abandon(lh)
+            return
+        # the writes go to it at once (Pulsar set currentLedger before updating the list)
+        self._lh, self._lh_created, self._lh_entries, self._lh_bytes = lh, time.monotonic(), 0, 0
+        self._state = "open"
+        self._drain()
+        new_list = listed + [LedgerInfo(lh.ledger_id, None, 0, time.time())]
+        try:
+            self._version = await _cas(self.store, ml_path(self.name), self._encode(new_list), version,
+                                       fenced="the ledger list changed meanwhile",
+                                       failed="updating the ledger list")
+            self.ledgers = new_list
+        except ManagedLedgerError as e:
+            log.warning("%s: updating the ledger list with ledger %d failed (%s); it is dropped from the list "
+                        "while the adds go on to it (bug knob)", self.name, lh.ledger_id, e)
 
     async def _abandon(self, lh: Any) -> None:
         try:
@@ -581,6 +628,18 @@ class ManagedLedger:
     def next_position(self, pos: Position) -> Position:
         return Position(pos.ledger_id, pos.entry_id + 1)
 
+    def read_position_after(self, pos: Position | None) -> Position:
+        """Where a reader whose last entry was `pos` (None: none) reads next, as Pulsar's
+        getNextValidPosition: the next entry of the log, or the next one of the ledger being written."""
+        current = self._lh.ledger_id if self._lh is not None else None
+        for info in self.ledgers:
+            if pos is not None and info.ledger_id < pos.ledger_id:
+                continue
+            first = pos.entry_id + 1 if pos is not None and info.ledger_id == pos.ledger_id else 0
+            if first < self._entries_of(info) or info.ledger_id == current:
+                return Position(info.ledger_id, first)
+        return self.next_position(pos) if pos is not None else Position(current if current is not None else -1, 0)
+
     def previous_position(self, pos: Position) -> Position:
         """The last existing entry before `pos` ((ledger, -1) when there is none in the list)."""
         if pos.entry_id > 0:
@@ -761,7 +820,7 @@ class ManagedLedger:
             raise self._refusal()
         start = self._last_confirmed if initial_position == "latest" else None
         cur = ManagedCursor(self, name, start)
-        if not await cur.create():
+        if not await cur.create(initial_position):
             # the znode exists already (created meanwhile): recover it as a topic load would
             cur = await ManagedCursor.recover(self, name, fence=True)
             if cur is None:

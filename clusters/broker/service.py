@@ -194,9 +194,21 @@ class BrokerService:
                 except Exception:
                     pass
                 raise ServiceUnitNotReady(f"Failed to load topic {topic}: {what}: {e}") from e
-        t.compacted = await step("compacted ledger", compaction.load_view(self.store, self.bk, ml_name(topic)))
         t.dedup = MessageDeduplication(topic, ml, ZkSnapshots(self.store, ml_name(topic)),
                                        knobs=self.knobs)
+        # A topic with topic-level policies has them applied first (Pulsar's initTopicPolicy -> onUpdate ->
+        # checkDeduplicationStatus), concurrently with the rest of the load, which checks deduplication
+        # itself at its end: MessageDeduplication.apply serialises the two (apache/pulsar#25954 is what
+        # happens if not)
+        async def topic_level_dedup() -> bool:
+            for name in dict.fromkeys((topic, parts.base_name(topic))):
+                if isinstance((await self.topic_policy(name)).get("deduplicationEnabled"), bool):
+                    return True
+            return False
+        if await step("topic policies", topic_level_dedup()):
+            asyncio.get_running_loop().create_task(self._apply_dedup(t))
+        t.compacted = await step("compacted ledger", compaction.load_view(self.store, self.bk, ml_name(topic)))
+
         # before any producer attaches: rebuild the sequence ids from the snapshot and the entries
         # after it (the state the previous owner had), or drop a stale dedup cursor
         async def dedup_state() -> None:

@@ -34,6 +34,8 @@ from clusters.deploy.statefile import StateInventory
 STATE_VERSION = 1
 CHAIN = "PCHAOS"                       # iptables chain in each node's network namespace, jumped from INPUT and OUTPUT
 ALLOC_LOCK = ROOT / ".alloc.lock"      # one lock for every backend: their subnets come from one pool
+# a label kept in each cluster's state.json: whoever set it (the test suite) finds the folders it made
+OWNER_TAG_ENV = "PULSAR_CHAOS_OWNER_TAG"
 # last octet of each role's first address (host .1); ClusterSpec caps the counts so blocks never overlap
 ADDRESS_BASE = {"zookeeper": 10, "bookie": 20, "broker": 60, "client": 100}
 START_ORDER = ("zookeeper", "bookie", "broker", "client")
@@ -244,7 +246,8 @@ class StateFileCluster(StateInventory, Cluster):
         return {
             "version": STATE_VERSION, "backend": self.backend, "name": self.name, "id": self.id,
             "status": "starting", "created_at": statefile.now(), "owner_pid": os.getpid(),
-            "owner_start": procs.start_time(os.getpid()), "detached": False, "base_dir": str(self.base_dir),
+            "owner_start": procs.start_time(os.getpid()), "owner_tag": os.environ.get(OWNER_TAG_ENV),
+            "detached": False, "base_dir": str(self.base_dir),
             "spec": self.spec.to_json(), "subnet": subnet, "host_address": f"{net}.1",
             **self._plan_cluster(subnet), "nodes": nodes, "clients": [], "drops": [], "drop_counts": {},
             "flaky": [],

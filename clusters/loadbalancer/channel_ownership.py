@@ -60,7 +60,13 @@ class ChannelOwnership(ZkOwnership):
         super().__init__(store, cfg, on_lost=None)
         self.lm = lm
         self.broker_id = lm.broker_id
-        self.view = ChannelView()
+        # bug knobs (clusters/bugs.py), the load balancer's: the table view without the version rule
+        # (apache/pulsar#19620), the split parent tombstoned at once (#19490), a restart that skips an
+        # existing Assigning to itself (#25379)
+        knobs = lm.knobs
+        self.view = ChannelView(check_version=not knobs.on("lb.no_version_check"))
+        self.tombstone_deleted = knobs.on("lb.tombstone_split_parent")
+        self.ignore_existing_assigning = knobs.on("lb.ignore_existing_assigning")
         self.last_applied: tuple[int, int] | None = None
         # the channel's last message when this broker first read it: what comes up to there is history,
         # applied to the view without running its handlers (Pulsar's table view listens to the tail only)
@@ -150,7 +156,7 @@ class ChannelOwnership(ZkOwnership):
                 if res.accepted:
                     actions = H.handle_event(key, res.previous, res.current, self.broker_id, view=self.view,
                                              multi_phase=self.lm.settings.loadBalancerMultiPhaseBundleUnload,
-                                             now_ms=_now_ms())
+                                             now_ms=_now_ms(), tombstone_deleted=self.tombstone_deleted)
                     if res.current is not None and res.current.state == S.Deleted:
                         self._forget(key)         # split: the children replace it
                 else:
@@ -161,8 +167,7 @@ class ChannelOwnership(ZkOwnership):
                 if not fut.done():
                     fut.set_result(None)
         if adopt:
-            for k in self.view.owned_by(self.broker_id):
-                self.owned.add(bundle_of_key(k))
+            self._handle_existing()
         still = []
         for target, fut in self._applied_waiters:
             if fut.done():
@@ -172,6 +177,39 @@ class ChannelOwnership(ZkOwnership):
             else:
                 still.append((target, fut))
         self._applied_waiters = still
+
+    def _handle_existing(self) -> None:
+        """handleExisting, once the history is read: the bundles the channel says this broker owns are
+        its own; an Assigning to this broker is completed (its Owned published), unless the knob
+        lb.ignore_existing_assigning skips it."""
+        now = _now_ms()
+        for k, d in self.view.items():
+            actions = H.handle_existing(k, d, self.broker_id, now_ms=now,
+                                        ignore_assigning=self.ignore_existing_assigning)
+            rest = []
+            for a in actions:
+                if isinstance(a, H.BundleOwned):
+                    self.owned.add(bundle_of_key(k))
+                    self._load_boundaries(bundle_of_key(k).namespace)
+                else:
+                    rest.append(a)
+            if rest:
+                log.info("completing the existing %s of %s", d.state.value, k)
+                self._run(k, rest)
+
+    def _load_boundaries(self, namespace: str) -> None:
+        """Read a namespace's boundaries (then kept by their watch) if this broker has not yet: a restarted
+        broker owns bundles from the channel before any lookup of it loads them, and `owns(topic)` maps a
+        topic by them (the initial layout would name a split parent, and refuse the topic)."""
+        if self.factory.cached(namespace) is not None or is_system_namespace(namespace):
+            return
+
+        async def load() -> None:
+            try:
+                await self.factory.get(namespace)
+            except Exception as e:  # noqa: BLE001 - the next lookup of the namespace loads them
+                log.warning("reading the boundaries of %s: %s", namespace, e)
+        asyncio.get_running_loop().create_task(load(), name=f"boundaries-{namespace}")
 
     def _forget(self, key: str) -> None:
         try:
@@ -208,6 +246,8 @@ class ChannelOwnership(ZkOwnership):
             await self.publish(a.key, None, "Tombstone")
         elif isinstance(a, H.BundleOwned):
             bundle = bundle_of_key(a.key)
+            if self.factory.cached(bundle.namespace) is None and not is_system_namespace(bundle.namespace):
+                await self.factory.get(bundle.namespace)       # owns(topic) maps topics by them
             if bundle not in self.owned:
                 self.owned.add(bundle)
                 log.info("owning bundle %s", a.key)

@@ -15,7 +15,8 @@ I/O around the pure core in extensible/ (`--load-manager extensible`).
   transfer or unload); the ownership monitor every loadBalancerServiceUnitStateMonitorIntervalInSeconds
   (overrides of orphans and of the records of inactive brokers, tombstones), while its metadata state is
   Stable (Jittery for MAX_CLEAN_UP_DELAY_TIME_IN_SECS after a new ZooKeeper session, Unstable while it is
-  lost); a broker registration's deletion schedules that broker's cleanup.
+  lost); a broker registration's deletion schedules that broker's cleanup, skipped if the broker answers
+  its admin health check (it restarted within its session and registered again).
 - Every broker: SplitScheduler every loadBalancerSplitIntervalMinutes on its own bundles.
 - Admin: unload (with a destination: a transfer; to the current owner: refused, 400), split (a Split
   event on the owner), and the channel as this broker's view sees it (`channel_snapshot`).
@@ -71,6 +72,10 @@ INTERNAL_CLIENT_KEEPALIVE_S = 3.0
 # after a broker joins, every broker pushes its load data every round for this long (the newcomer's reader
 # of the non-persistent load-data topic starts from then); ours, not Pulsar's
 REPUBLISH_ON_JOIN_S = 10.0
+# doCleanup's health check of a broker whose registration went away: tries, each bounded, with a pause
+HEALTH_CHECK_TRIES = 3
+HEALTH_CHECK_TIMEOUT_S = 1.0
+HEALTH_CHECK_BACKOFF_S = 0.5
 # the system namespace keeps the channel's whole history: a broker (re)starting reads it from the earliest
 # message (Pulsar reads the compacted channel instead; its compaction cursor holds the ledgers back)
 SYSTEM_RETENTION = {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1}
@@ -95,6 +100,7 @@ class ExtensibleLoadManager:
         self.events = DecisionLog(self.broker_id, self.election.leader_id)
         self.incarnation = self.events.incarnation
         self.decisions = self.events.decisions
+        self.knobs = service.knobs.of("load-balancer")          # bug knobs (clusters/bugs.py)
         self.ownership = ChannelOwnership(self.store, cfg, self)
         self.usage = HostUsage(service.io, cpu_cores=cfg.cpu_cores, memory_limit_mb=cfg.memory_limit_mb,
                                nic_speed_gbps=self.settings.loadBalancerOverrideBrokerNicSpeedGbps or cfg.nic_speed_gbps)
@@ -592,10 +598,30 @@ class ExtensibleLoadManager:
             await asyncio.sleep(delay / 1000)
             if broker in self.registered or not self.is_leader():
                 return
+            if await self._healthy(broker):
+                # doCleanup(broker, gracefully=false) health-checks the broker first: a broker that restarted
+                # within its session (its registration replaced) keeps what it owns
+                self._count_cleanup("Skip")
+                return
             await self._cleanup(broker)
         task = asyncio.get_running_loop().create_task(later())
         self._cleanups[broker] = task
         task.add_done_callback(lambda t, b=broker: self._cleanups.pop(b, None) if self._cleanups.get(b) is t else None)
+
+    async def _healthy(self, broker: str) -> bool:
+        """The admin health check of `broker` (its brokerId is `host:webServicePort`), up to
+        HEALTH_CHECK_TRIES times: True once it answers 200."""
+        from clusters.httpd import http_get
+        for i in range(HEALTH_CHECK_TRIES):
+            try:
+                status, _ = await http_get(f"http://{broker}/admin/v2/brokers/health", HEALTH_CHECK_TIMEOUT_S)
+                if status == 200:
+                    return True
+            except Exception:  # noqa: BLE001 - refused, timed out: not healthy (now)
+                pass
+            if i + 1 < HEALTH_CHECK_TRIES:
+                await asyncio.sleep(HEALTH_CHECK_BACKOFF_S)
+        return False
 
     async def _cleanup(self, broker: str) -> None:
         """doCleanup(broker, not graceful): every record of the dead broker overridden."""

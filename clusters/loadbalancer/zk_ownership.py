@@ -63,6 +63,7 @@ class ZkOwnership:
         self.assign: Callable[[Bundle], Awaitable[Assignment]] | None = None
         self._session_lost = False
         self._recheck: asyncio.Task | None = None
+        self._expired: set[Bundle] = set()     # bug knob broker.release_reacquired_lock
 
     def _my_data(self) -> bytes:
         """The lock's value: Pulsar's NamespaceEphemeralData (nativeUrl, httpUrl, disabled) and ours."""
@@ -80,10 +81,48 @@ class ZkOwnership:
         # ledgers, not the session, protects the data. On a new session, re-claim or give up.
         if state == "LOST":
             self._session_lost = True
+            if self.knobs.on("broker.release_reacquired_lock"):
+                self._expired.update(self.owned)      # forgotten now, unloaded once the session is back
+                self.owned.difference_update(self._expired)
         elif state == "CONNECTED" and self._session_lost:
             self._session_lost = False
+            if self._expired:
+                self._expire_locks()
             if self._recheck is None or self._recheck.done():
                 self._recheck = asyncio.get_running_loop().create_task(self._reclaim())
+
+    # -- bug knob broker.release_reacquired_lock (apache/pulsar#26197) --------------------------------
+    # Pulsar's OwnershipCache before #26197: a bundle lock that expired with the session fires an unload
+    # of the bundle in the background (its future dropped) and forgets the bundle locally at once; a
+    # lookup meanwhile may acquire the bundle again (a new lock, a new generation), and the stale unload,
+    # when it ends, removes "the bundle's lock" without asking which generation it was unloading: it
+    # deletes the new lock's znode while this broker goes on serving the bundle, so the next lookup
+    # elsewhere hands the bundle to a second broker.
+    def _expire_locks(self) -> None:
+        expired, self._expired = self._expired, set()
+        for bundle in expired:
+            log.warning("the lock of bundle %s expired with the session; unloading it (bug knob)", bundle)
+            asyncio.get_running_loop().create_task(self._stale_unload(bundle))
+
+    async def _stale_unload(self, bundle: Bundle) -> None:
+        try:
+            if self.on_lost:
+                res = self.on_lost(bundle)
+                if asyncio.iscoroutine(res):
+                    await res
+        except Exception as e:  # noqa: BLE001
+            log.warning("unloading bundle %s after its lock expired: %s", bundle, e)
+        for _ in range(10):                       # the session may still be coming back
+            try:
+                if await self.owner(bundle) == self.me:
+                    await self.store.delete(bundle.path)       # whichever generation it is now
+                    log.warning("removed the lock of bundle %s (bug knob); serving it: %s", bundle,
+                                bundle in self.owned)
+                return
+            except NoNode:
+                return
+            except Exception:  # noqa: BLE001 - ZooKeeper not back yet
+                await asyncio.sleep(0.5)
 
     async def _reclaim(self) -> None:
         for bundle in list(self.owned):

@@ -247,3 +247,50 @@ def test_no_cookie_knob_rejoins_a_wiped_bookie_under_its_identity(bookies, zk):
         finally:
             await c.close()
     assert asyncio.run(read()) == P.NO_SUCH_LEDGER and time.monotonic() - t0 < 20
+
+
+def test_no_limbo_knob_trusts_a_formatted_bookie_and_recovery_truncates(bookies, zk):
+    """bookie.no_limbo (apache/bookkeeper#2612): the cookies still refuse the wiped disk, but once
+    formatted the bookie rejoins trusted: 'no such ledger' for the entries it acknowledged (not ERROR),
+    nothing fenced or marked under-replicated, and ledger recovery (E = Qw = Qa = 1) takes that answer
+    for the truth and closes the ledger empty. In limbo (the knob off, the test above) it answers ERROR,
+    which a recovery read counts as unknown: the recovery fails rather than truncate."""
+    from clusters.autorecovery.urmanager import UnderreplicationManager
+    from clusters.bookkeeper.client import BookKeeper
+    (b,) = bookies.start(1, autorecovery_enabled=False, bugs={"bookie.no_limbo": True})
+    data = Path(b.cfg.data_dir)
+
+    async def write() -> int:
+        store = await MetadataStore(zk).start()
+        bk = await BookKeeper(store).start()
+        try:
+            lh = await bk.create_ledger(1, 1, 1)
+            for i in range(3):
+                await lh.add_entry(f"e{i}".encode())
+            return lh.ledger_id
+        finally:
+            await bk.close()
+            await store.close()
+    ledger = asyncio.run(write())
+    b.kill9()
+    wipe(data)
+    b.start(wait=False)
+    assert wait_exit(b) == 3                    # the cookies still refuse the wiped disk
+    assert format_cli(b.cfg_path).returncode == 0
+    b.start()
+
+    async def after() -> int:
+        store = await MetadataStore(zk).start()
+        c = await RawClient(b.cfg.port).connect()
+        bk = await BookKeeper(store).start()
+        try:
+            assert (await c.read(ledger, 0))[0] in (P.NO_SUCH_LEDGER, P.NO_SUCH_ENTRY)   # trusted "absent"
+            urm = UnderreplicationManager(store, lambda fn, *a, **kw: fn(*a, **kw))
+            assert await urm.get(ledger) is None                                         # nothing marked
+            rh = await bk.open_ledger(ledger, recovery=True)
+            return rh.last_entry_id
+        finally:
+            await bk.close()
+            await c.close()
+            await store.close()
+    assert asyncio.run(after()) == -1           # three acknowledged entries truncated away

@@ -321,3 +321,53 @@ def test_exclusive_access_modes():
         except ProducerFenced:
             pass
     run(go())
+
+
+@pytest.mark.parametrize("knob", [False, True])
+def test_bug_knob_dedup_recovery_race_stores_a_resend_twice(knob):
+    """broker.dedup_recovery_race (apache/pulsar#25954): a topic with topic-level policies is loaded
+    by a new owner; the policy path and the load chain both check deduplication. With the knob the
+    load chain finds the policy path's recovery Recovering, takes it as done and exposes the topic
+    while the replay still reads: the producer's resend of a message the previous owner persisted is
+    stored again (two copies of one (producer, sequence id); the queue checker's `duplicated`). Without
+    it the load chain waits for the recovery and the resend is answered as a duplicate."""
+    async def go():
+        storage, saved = MemoryStorage(), {}
+        t, ml = await open_topic(storage, saved)
+        cnx = Cnx()
+        p = await t.add_producer(cnx, 1, "prod")
+        for seq in range(20):
+            send(t, p, seq)
+        await settle(t)
+        await t.close("owner change")                       # the previous owner had persisted 0..19
+
+        ml2 = MemoryManagedLedger("public/default/persistent/dedup", storage)
+        real_read = ml2.read_entries
+
+        async def slow_read(start, n):                     # bookie reads take a while
+            await asyncio.sleep(0.05)
+            return await real_read(start, n)
+        ml2.read_entries = slow_read
+        t2 = Topic(T, ml2, None)
+        t2.dedup = MessageDeduplication(T, ml2, MemorySnapshots(saved),
+                                        knobs=bug_knobs.Knobs({"broker.dedup_recovery_race": knob}, "broker"))
+        policy_path = asyncio.get_running_loop().create_task(t2.dedup.apply(True))
+        await asyncio.sleep(0)                              # it starts first, as initTopicPolicy does
+        await t2.dedup.apply(True)                          # the load chain's check; then producers
+        exposed_while = t2.dedup.status
+        cnx2 = Cnx()
+        p2 = await t2.add_producer(cnx2, 1, "prod")
+        send(t2, p2, 19)                                    # its receipt was lost: resent
+        await settle(t2)
+        await policy_path
+        stored = entries(ml2)
+        if knob:
+            assert exposed_while == "Recovering"
+            assert stored.count(19) == 2, stored
+            assert cnx2.out[0][0] == "receipt" and cnx2.out[0][2].ledger_id >= 0
+        else:
+            assert exposed_while == ENABLED
+            assert stored.count(19) == 1, stored
+            assert cnx2.out[0] == ("receipt", 19, Position(-1, -1))
+        assert t2.dedup.status == ENABLED
+    run(go())

@@ -331,6 +331,65 @@ def test_stuck_in_flight_outside_and_under_faults():
     assert _types(check(h4.stop())) == {"stuck-in-flight"}
 
 
+def _assigned_to_b_while_b_holds_it(resolved_after: float | None, fault: bool = False) -> list:
+    """Assigning(dst=B), B's view holding it 1 s later, replaced by B's Owned `resolved_after` s after
+    that (None: never)."""
+    h = Hist()
+    assign(h, LOW, A)
+    at = h.msg(HIGH, rec(ASSIGNING, B, v=1))
+    h.view(B, at, {LOW: rec(OWNED, A, v=2), HIGH: rec(ASSIGNING, B, v=1)})
+    if fault:
+        h.fault("start-kill", "invoke")
+        h.fault("start-kill", "ok")
+    if resolved_after is not None:
+        h.msg(HIGH, rec(OWNED, B, v=2), dt=resolved_after)
+    else:
+        h.row("noop", "", None, dt=20.0)
+    return h.stop()
+
+
+def test_stuck_at_destination_an_assigning_its_running_destination_holds_and_leaves():
+    o = {"assign_limit_s": 5.0}
+    r = check(_assigned_to_b_while_b_holds_it(10.0), o)
+    assert _types(r) == {"stuck-at-destination"} and r.valid is False
+    case = r.anomalies["stuck-at-destination"][0]
+    assert case["bundle"] == HIGH and case["destination"] == [B, "broker-2"]
+    assert case["resolved_by"]["value"]["state"] == OWNED
+    assert _types(check(_assigned_to_b_while_b_holds_it(None), o)) == {"stuck-at-destination"}
+    assert check(_assigned_to_b_while_b_holds_it(3.0), o).valid is True           # completed in time
+    assert check(_assigned_to_b_while_b_holds_it(10.0, fault=True), o).valid is True   # a fault in between
+    assert check(_assigned_to_b_while_b_holds_it(10.0), {"assign_limit_s": 20.0}).valid is True
+    # a destination whose view never held it (down) is the monitor's business (stuck-in-flight)
+    h = Hist()
+    h.msg(HIGH, rec(ASSIGNING, B, v=1))
+    h.msg(HIGH, rec(OWNED, B, v=2), dt=10.0)
+    assert check(h.stop(), o).valid is True
+
+
+def test_split_parent_reowned_after_its_split_completed():
+    h = Hist()
+    assign(h, PARENT, A)
+    h.msg(PARENT, rec(SPLITTING, None, A, v=3, split={"0x00000000_0x7fffffff": None, "0x7fffffff_0xffffffff": None}))
+    h.msg(LOW, rec(OWNED, A, v=1))
+    h.msg(HIGH, rec(OWNED, A, v=1))
+    h.msg(PARENT, rec(DELETED, None, A, v=4))
+    h.msg(PARENT, None)                                           # tombstoned at once: Init accepts anything
+    h.msg(PARENT, rec(ASSIGNING, A, v=1))                         # a late message of the parent
+    h.msg(PARENT, rec(OWNED, A, v=2))
+    r = check(h.stop())
+    assert _types(r) == {"split-parent-reowned"} and r.valid is False    # same owner: not double-owned
+    assert r.anomalies["split-parent-reowned"][0]["deleted"]["value"]["state"] == DELETED
+    h2 = Hist()
+    assign(h2, PARENT, A)
+    h2.msg(PARENT, rec(SPLITTING, None, A, v=3, split={"0x00000000_0x7fffffff": None, "0x7fffffff_0xffffffff": None}))
+    h2.msg(LOW, rec(OWNED, A, v=1))
+    h2.msg(HIGH, rec(OWNED, A, v=1))
+    h2.msg(PARENT, rec(DELETED, None, A, v=4))
+    h2.msg(PARENT, rec(ASSIGNING, B, v=1))                        # kept Deleted: rejected
+    r2 = check(h2.stop())
+    assert r2.valid is True and r2.stats["rejected_by_reason"] == {"version-not-newer": 1}
+
+
 def test_messages_read_twice_count_once():
     h = Hist()
     assign(h, PARENT, A)
@@ -351,8 +410,9 @@ def test_the_balance_workload_asks_for_it_under_the_extensible_load_manager():
                                  "loadBalancerServiceUnitStateMonitorIntervalInSeconds": 10})
     got = balance.checkers(spec)
     assert got["channel"][0] is check and got["channel"][1]["in_flight_limit_s"] == 15.0
+    assert got["channel"][1]["assign_limit_s"] == 5.0
     assert balance.checkers(TestSpec(workload="balance", load_manager="extensible"))["channel"][1] == {
-        "in_flight_limit_s": 90.0}
+        "in_flight_limit_s": 90.0, "assign_limit_s": 30.0}
 
 
 def test_views_the_checker_cannot_place_are_not_judged():

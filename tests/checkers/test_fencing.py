@@ -431,3 +431,24 @@ def test_every_anomaly_type_serializes():
             "inconsistent-close"} <= set(r.anomalies)
     d = js(r)
     assert d["valid"] is False
+
+
+def test_a_recovery_that_built_a_fragment_below_the_last_is_invalid_fragment():
+    """The `ledger` workload's info recover (or final read) with value {"invalid_fragment": why}: the
+    recovery asked for a fragment keyed below the ledger's last one (apache/bookkeeper#2615); any other
+    failed recovery is not an anomaly."""
+    h = H()
+    h.bk_add(1.0, 8, 0, 100)
+    h.op(1, "recover", "8", 2.0, {"invalid_fragment": "a new fragment at LAC+1 0 below the last fragment 50"},
+         type="info")
+    h.op(2, "recover", "8", 3.0, None, type="info")                    # an ordinary failure: no anomaly
+    h.bk_read(9.0, 8, [(0, 100)])
+    r = check(h.ops)
+    assert r.valid is False
+    [e] = r.anomalies["invalid-fragment"]
+    assert e["ledger"] == "8" and "below the last fragment 50" in e["why"]
+    h2 = H()
+    h2.bk_add(1.0, 8, 0, 100)
+    h2.op(2, "recover", "8", 3.0, None, type="info")
+    h2.bk_read(9.0, 8, [(0, 100)])
+    assert check(h2.ops).valid is True

@@ -221,6 +221,23 @@ def test_duplicate_stored_invalid_with_dedup():
     assert check(h2.ops, {"dedup": True}).valid is True
 
 
+def test_a_deduplicated_resend_acknowledged_minus_one_is_no_second_position():
+    """A deduplicating broker answers a resend of a stored message with message id (-1, -1): the value
+    is stored once (at the position its delivery shows), so no `duplicate`, also with dedup on; the
+    same resend stored again (a second real position) is one."""
+    def history(resend_at):
+        h = Q()
+        h.add(Op(process=0, type="invoke", f="enqueue", key="q", value=1))
+        h.add(Op(process=0, type="ok", f="enqueue", key="q", value=1, message_id=resend_at))
+        h.dequeue(5, [(1, 0)])                    # delivered from where the first attempt stored it
+        h.drain([], type="fail", error="empty")
+        return h.ops
+    ok = check(history(MessageId(-1, -1)), {"dedup": True})
+    assert ok.valid is True and "duplicate" not in ok.anomalies
+    twice = check(history(MessageId(7, 4)), {"dedup": True})
+    assert twice.valid is False and [m["entry_id"] for m in twice.anomalies["duplicate"][0]["message_ids"]] == [4, 0]
+
+
 def test_log_vocabulary_and_reads_observe_without_consuming():
     h = Q(enqueue="send", dequeue="receive", drain="drain")
     h.enqueue(0, 1)

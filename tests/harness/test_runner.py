@@ -79,3 +79,43 @@ def test_failed_deploy_records_the_error(tmp_path):
         runner.recheck(run_dir, out=None)
     assert json.loads((run_dir / "results.json").read_text())["error"] == "deploy: RuntimeError: no namespaces today"
     assert runner.rereport(run_dir).exists()          # the report is still made
+
+
+def _history_losing_a_send_after_a_partition(run_dir: Path) -> None:
+    """A partition from 5 s; a send acknowledged at 6.1 s (invoked at 6.0 s) that the final read misses."""
+    from core.history import NEMESIS_PROCESS, MessageId, write_jsonl
+    S = 1_000_000_000
+    ops = [Op(process=0, type="invoke", f="send", key="t", value=1, time_ns=1 * S),
+           Op(process=0, type="ok", f="send", key="t", value=1, time_ns=S + S // 10, message_id=MessageId(3, 0)),
+           Op(process=NEMESIS_PROCESS, type="invoke", f="start-partition", time_ns=5 * S),
+           Op(process=NEMESIS_PROCESS, type="ok", f="start-partition", time_ns=5 * S + S // 5),
+           Op(process=0, type="invoke", f="send", key="t", value=2, time_ns=6 * S),
+           Op(process=0, type="ok", f="send", key="t", value=2, time_ns=6 * S + S // 10, message_id=MessageId(3, 1)),
+           Op(process=NEMESIS_PROCESS, type="invoke", f="stop-partition", time_ns=15 * S),
+           Op(process=NEMESIS_PROCESS, type="ok", f="stop-partition", time_ns=15 * S + S // 10),
+           Op(process=1_000_000, type="invoke", f="read", key="t", time_ns=20 * S),
+           Op(process=1_000_000, type="ok", f="read", key="t", time_ns=21 * S,
+              value=[{"value": 1, "message_id": {"ledger_id": 3, "entry_id": 0}}])]
+    write_jsonl([Op(**{**vars(op), "index": i}) for i, op in enumerate(ops)], run_dir / store.HISTORY_JSONL)
+
+
+def test_check_writes_the_time_to_first_detection_of_an_invalid_run(tmp_path):
+    spec = Spec(test_name="lossy", results_dir=str(tmp_path), nemesis=["partition"]).resolved()
+    run_dir = store.create_run_dir(tmp_path, spec.test_name)
+    store.write_test_toml(run_dir, spec)
+    _history_losing_a_send_after_a_partition(run_dir)
+    store.write_results(run_dir, valid="unknown", exit_code=2, error=None,       # as a finished run left it
+                        run={"dir": str(run_dir), "test_name": "lossy", "errors": []}, checkers={})
+    assert runner.recheck(run_dir, out=None) == 1
+    res = json.loads((run_dir / "results.json").read_text())
+    assert res["valid"] is False
+    d = res["detection"]
+    assert (d["checker"], d["type"], d["fault"], d["first_fault_s"], d["first_op_s"], d["seconds"]) == \
+        ("log", "lost", "partition", 5.0, 6.0, 1.0)
+    # the report shows it under the verdict
+    assert "time to first detection: 1.0 s (log: lost at t = 6.0 s" in runner.rereport(run_dir).read_text()
+
+
+def test_a_valid_run_has_no_detection(tmp_path):
+    code, run_dir, _ = _run(tmp_path, "workload")          # unknown: not judged invalid
+    assert code == 2 and json.loads((run_dir / "results.json").read_text())["detection"] is None

@@ -161,6 +161,160 @@ def test_scale_in_out_is_judged_by_the_balance_checker():
     assert len(c.live()) == 6 and all(c.brokers[b].topics > 0 for b in c.live())
 
 
+# ------------------------------------------------------------------------------------------ the validation model
+
+def test_counting_noise_is_relatively_smaller_at_higher_rates():
+    """A report counts bytes over one interval: the noise's variance grows with the rate (a Poisson
+    count of D-KB lumps), so the relative noise falls as 1 / sqrt(rate); a constant relative noise would
+    give both rates the same relative spread."""
+    from clusters.loadbalancer.sim.cluster import counted_noise
+    rng = random.Random(7)
+    zs = [rng.gauss(0, 1) for _ in range(4000)]
+
+    def rel_sd(kb_s: float) -> float:
+        xs = [counted_noise(kb_s, z, 0.1, 1.0) / kb_s for z in zs]
+        m = sum(xs) / len(xs)
+        return (sum((x - m) ** 2 for x in xs) / len(xs)) ** 0.5
+    low, high = rel_sd(1.0), rel_sd(100.0)
+    assert low == pytest.approx(0.1 ** 0.5, rel=0.1)           # sqrt(D x / T) / x at 1 KB/s
+    assert high == pytest.approx(low / 10, rel=0.1)             # 100x the rate: a tenth of the relative noise
+    assert counted_noise(2.0, 0.5, 0.0, 1.0) == 2.0             # off: the rate as it is
+    assert counted_noise(0.1, -10.0, 1.0, 1.0) == 0.0           # never below zero
+    assert counted_noise(4.0, 1.0, 1.0, 4.0) == pytest.approx(5.0)   # a 4-s report counts 4x the bytes
+
+
+def _quiet(sc: scenario.Scenario, **params: float) -> scenario.Scenario:
+    """No events, no shedding: the topics' load stays where it was placed."""
+    return dataclasses.replace(sc, events=(), duration_s=40, params={**sc.params, **params},
+                               settings={**sc.settings, "loadBalancerSheddingEnabled": False})
+
+
+def test_reports_carry_counting_noise_only_when_asked():
+    sc = scenario.BUILTIN["small-6-3-6"]
+    for lm in ("modular", "extensible"):
+        steady = run.simulate(_quiet(sc, report_noise_kb=0.0, system_msg_overhead_bytes=0), lm)
+        noisy = run.simulate(_quiet(sc, report_noise_kb=0.1, system_msg_overhead_bytes=0), lm)
+        # the last 10 s: every topic connected long since, no unloads while the grace period holds them
+        def spread(c):
+            return max(max(u for t, u in s if t > 30) - min(u for t, u in s if t > 30)
+                       for s in c.load_series.values() if s)
+        assert spread(steady) < 1e-9, lm
+        assert spread(noisy) > 0.02, lm
+
+
+def test_the_extensible_leader_carries_the_system_topics_traffic():
+    """Our extensible brokers' load data, top bundles and channel are topics the leader owns: every
+    broker's load data reaches every broker through it, which at a test's few KB/s is more than its own
+    topics (measured on our cluster: bench/README.md "Validation against our real cluster")."""
+    sc = scenario.BUILTIN["small-6-3-6"]
+
+    def means(c):
+        return {b: sum(u for t, u in s if t > 20) / sum(1 for t, _ in s if t > 20) for b, s in c.load_series.items()}
+    on = run.simulate(_quiet(sc, report_noise_kb=0, system_msg_overhead_bytes=34), "extensible")
+    off = run.simulate(_quiet(sc, report_noise_kb=0, system_msg_overhead_bytes=0), "extensible")
+    assert on.leader == off.leader
+    m_on, m_off = means(on), means(off)
+    assert m_on[on.leader] > m_off[on.leader] + 0.15
+    for b in m_on:
+        if b != on.leader:
+            assert m_on[b] == pytest.approx(m_off[b], abs=1e-6)
+    # and the modular load manager's reports go to ZooKeeper: no such traffic whatever the setting
+    mod = run.simulate(_quiet(sc, report_noise_kb=0, system_msg_overhead_bytes=34), "modular")
+    assert all(b.sys_acc_in == 0 for b in mod.brokers.values())
+
+
+def test_a_random_leave_draws_the_brokers_with_the_seed():
+    base = scenario.BUILTIN["small-6-3-6"]
+    last = dataclasses.replace(base, events=(scenario.Event(at_s=10, kind="leave", count=3),), duration_s=20)
+    drawn = dataclasses.replace(last, events=(scenario.Event(at_s=10, kind="leave", count=3, random=True),))
+    gone = set()
+    for seed in range(1, 7):
+        c = run.simulate(last, "modular", seed=seed)
+        assert [c.brokers[b].name for b in c.order if not c.brokers[b].up] == ["broker-4", "broker-5", "broker-6"]
+        c = run.simulate(drawn, "modular", seed=seed)
+        left = [c.brokers[b].name for b in c.order if not c.brokers[b].up]
+        assert len(left) == 3
+        gone.add(tuple(left))
+    assert len(gone) > 1 and any("broker-1" in g for g in gone)      # the first leader leaves in some seeds
+
+
+def test_a_scenario_files_random_must_be_a_boolean(tmp_path):
+    f = tmp_path / "s.toml"
+    f.write_text('name = "x"\n[[events]]\nat_s = 1\nkind = "leave"\nrandom = "yes"\n')
+    with pytest.raises(scenario.ScenarioError) as e:
+        scenario.load(f)
+    assert e.value.where == "events[0].random"
+    f.write_text('name = "x"\n[[events]]\nat_s = 1\nkind = "leave"\nrandom = true\n')
+    assert scenario.load(f).events[0].random is True
+
+
+def test_a_moved_topic_shows_in_the_stats_from_the_next_recomputation():
+    """Our brokers recompute rates every RATE_INTERVAL_S; with stats_interval_ms the simulator's stats
+    lag the same way: nothing before the first recomputation after a topic connected, then the part of
+    that interval it was connected for; exact stats (0) show every connected topic at once."""
+    from clusters.broker.service import RATE_INTERVAL_S
+    sc = scenario.BUILTIN["small-6-3-6"]
+    assert sc.params["stats_interval_ms"] == RATE_INTERVAL_S * 1000
+    c = run.simulate(dataclasses.replace(sc, events=(), duration_s=12), "modular")
+    c.stats_at = 10_000
+    c.t_conn[0] = 12_000
+    assert c.stats_weight(0) == 0.0
+    c.t_conn[0] = 7_500
+    assert c.stats_weight(0) == pytest.approx(0.5)
+    c.t_conn[0] = 1_000
+    assert c.stats_weight(0) == 1.0
+    c.stats_ms = 0
+    c.t_conn[0] = 12_000
+    assert c.stats_weight(0) == 1.0
+    # in a run, 12 s in (the topics still connecting one at a time): a broker's stats show the rates of
+    # its topics connected before the last recomputation, while its bandwidth carries every connected one
+    c = run.simulate(dataclasses.replace(_quiet(sc, report_noise_kb=0), duration_s=12), "modular")
+    lagging = 0
+    for br in c.brokers.values():
+        shown = sum(c.bundle_stats(c.bundles[b]).msgRateIn for b in br.bundles)
+        mine = [t for t in range(len(c.t_name)) if c.t_broker[t] == br.id]
+        assert shown == pytest.approx(sum(c.t_rate[t] * min(1.0, max(0, c.stats_at - c.t_conn[t]) / 5000)
+                                          for t in mine if c.t_conn[t] <= c.stats_at))
+        assert br.rate_in == pytest.approx(sum(c.t_rate[t] for t in mine))
+        lagging += shown < br.rate_in - 1e-9
+    assert lagging > 0
+
+
+def test_recomputed_rates_are_counts_as_noisy_as_the_reports():
+    """A bundle's rate, recomputed over 5 s, is a count too: with report_noise_kb each recomputation
+    draws its own factor (so the top bundles change, as our brokers' do), without it the rate stays."""
+    sc = scenario.BUILTIN["small-6-3-6"]
+    for d, moves in ((0.1, True), (0.0, False)):
+        c = run.simulate(_quiet(sc, report_noise_kb=d), "modular", seed=3)
+        b = max(c.bundles.values(), key=lambda x: len(x.topics))
+        seen = set()
+        for _ in range(4):
+            c.sim.run(c.sim.now_ms + 5000)
+            seen.add(round(c.bundle_stats(b).msgRateIn, 9))
+        assert (len(seen) > 1) is moves
+
+
+def test_the_extensible_wrapper_is_mirrored_as_the_broker_does_it():
+    """What our broker does around the extensible core, the simulator does too: the same republish
+    window after a join; a new leader forgets recent unloads and has every broker push its load data;
+    only a shed bundle's source is held back (extensible_manager.py's shed)."""
+    from clusters.loadbalancer import extensible_manager
+    from clusters.loadbalancer.sim import extensible as sim_ext
+    assert sim_ext.REPUBLISH_ON_JOIN_S == extensible_manager.REPUBLISH_ON_JOIN_S
+    only_dest = 0
+    for seed in range(1, 6):
+        c = run.simulate(scenario.BUILTIN["small-6-3-6"], "extensible", seed=seed)
+        sources = {e["source"] for _, e in c.lb_events if e["event"] == "unload"}
+        dests = {e["destination"] for _, e in c.lb_events if e["event"] == "unload"}
+        assert set(c.recent_brokers) <= sources
+        only_dest += len(dests - sources)
+    assert only_dest            # some destination never a source: never held back
+    c.recent_brokers["x"] = c.recent_bundles["y"] = 1
+    c.leader = "gone"
+    c._elect()
+    assert not c.recent_brokers and not c.recent_bundles and c.push == set(c.live())
+
+
 # ------------------------------------------------------------------------------------------ the brokers' code
 
 def test_changing_a_strategy_changes_the_simulators_result(monkeypatch):

@@ -215,3 +215,34 @@ def test_writes_are_rate_limited_and_unpersisted_acks_are_lost_on_takeover(share
             assert ml_b.cursors["sub"].mark_delete_position == ps[149]
             await ml_b.close()
     run(scenario())
+
+
+@pytest.mark.parametrize("knob", [False, True])
+def test_bug_knob_cursor_persist_read_position_skips_an_entry_after_a_crash(shared_bookies, shared_zk, knob):
+    """broker.cursor_persist_read_position (apache/pulsar#18236): a subscription created at the latest
+    position and another reset to an entry persist the read position as their mark-delete position;
+    the broker dies (no close) before their next write, and the new owner's cursors have skipped an
+    entry nobody acknowledged. Without the knob they start at the entry the subscription expects."""
+    name = ml_name()
+    bugs = {"broker.cursor_persist_read_position": True} if knob else {}
+
+    async def scenario():
+        async with session(shared_zk, name="a") as (sa, bka), session(shared_zk, name="b") as (sb, bkb):
+            ml = await ManagedLedger.open(name, sa, bka, broker_cfg(bugs=bugs))
+            ps = [await ml.add_entry(d(i)) for i in range(6)]
+            latest = await ml.open_cursor("latest-sub", "latest")     # md = ps[5]: delivers from the 7th
+            reset = await ml.open_cursor("reset-sub", "earliest")
+            await reset.reset(ps[2])                                   # redeliver from the 3rd
+            assert latest.mark_delete_position == ps[5] and reset.mark_delete_position == ps[1]
+            new = await ml.add_entry(d(6))                             # nobody has acknowledged it
+            # broker a is killed -9: nothing more is written; broker b takes the topic over
+            ml_b = await ManagedLedger.open(name, sb, bkb, broker_cfg(name="broker-b"))
+            got_latest = ml_b.cursors["latest-sub"].mark_delete_position
+            got_reset = ml_b.cursors["reset-sub"].mark_delete_position
+            await ml_b.close()
+            if knob:
+                assert got_latest == new, got_latest                   # the unacknowledged entry skipped
+                assert got_reset == ps[2], got_reset                   # the reset's target skipped
+            else:
+                assert got_latest == ps[5] and got_reset == ps[1]
+    run(scenario())

@@ -101,3 +101,45 @@ def test_no_ledger_storm_while_every_bookie_is_down(bookies, zk):
             assert len(created) <= 5, f"{len(created)} ledgers created for {len(errs)} failed adds"
             await ml.close()
     run(scenario())
+
+
+@pytest.mark.parametrize("knob", [False, True])
+def test_bug_knob_rollover_race_creates_two_ledgers_hides_acknowledged_entries(shared_bookies, shared_zk, knob):
+    """broker.rollover_race_creates_two_ledgers (apache/pulsar#12221, #14664): the ledger's maximum
+    age (managedLedgerMaxLedgerRolloverTimeMinutes) is reached while the next ledger is being created
+    (slowly: BookKeeper takes 0.6 s). With the knob a second ledger is created beside it; it takes the
+    writes and its ledger-list update fails, so the adds acknowledged on it are in no listed ledger and
+    the next owner reads a log without them. Without it the age check waits for the creation."""
+    name = ml_name()
+    bugs = {"broker.rollover_race_creates_two_ledgers": True} if knob else {}
+
+    async def scenario():
+        async with session(shared_zk, name="a") as (sa, bka), session(shared_zk, name="b") as (sb, bkb):
+            ml = await ManagedLedger.open(name, sa, bka, broker_cfg(max_entries_per_ledger=3,
+                                                                    max_ledger_age_s=0.3, bugs=bugs))
+            real_create = bka.create_ledger
+            created: list[int] = []
+
+            async def slow(*a, **kw):                       # bookie or ZooKeeper latency
+                await asyncio.sleep(0.6)
+                lh = await real_create(*a, **kw)
+                created.append(lh.ledger_id)
+                return lh
+            bka.create_ledger = slow
+            acked = []
+            for i in range(12):                             # the 4th add starts a rollover (3 per ledger)
+                acked.append(b"e%d" % i)
+                await ml.add_entry(acked[-1])
+            await ml.close()
+            ml_b = await ManagedLedger.open(name, sb, bkb, broker_cfg(name="broker-b"))
+            first = ml_b.first_position()
+            got = [data for _, data in await ml_b.read_entries(first, 100)] if first is not None else []
+            await ml_b.close()
+            if knob:
+                assert len(created) >= 3                      # two ledgers for one rollover
+                missing = [e for e in acked if e not in got]
+                assert missing, "every acknowledged entry is listed"
+                assert all(e in acked for e in got)
+            else:
+                assert got == acked
+    run(scenario())

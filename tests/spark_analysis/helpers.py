@@ -133,8 +133,10 @@ def write_run(results: Path, name: str, stamp: str, history: list[Op], **spec_kw
     checked = {n: fn(history, opts) for n, (fn, opts) in get(spec.workload).checkers(spec).items()
                if n in ("log", "queue")}
     valid = store.verdict(list(checked.values()))
+    from core.detection import detection_of
     store.write_results(d, valid=valid, exit_code=store.exit_code_for(valid), error=None,
-                        run={"dir": str(d), "test_name": name}, checkers=checked)
+                        run={"dir": str(d), "test_name": name}, checkers=checked,
+                        detection=detection_of(history, checked, valid))
     (d / store.REPORT_HTML).write_text("<html><body>report</body></html>")
     return d
 

@@ -210,6 +210,31 @@ def test_runs_table_verdicts_and_agreement(synthetic):
     assert runs.loc["syn-lost", "log.lost"] == 2
     det = res.tables["detection"].set_index("cause")
     assert det.loc["none", "runs"] == 3 and det.loc["bookie.ignore_fence=true", "runs"] == len(LOG_VARIANTS) - 1
+    # time to first detection: a run column from results.json, its mean per detection row
+    runs = res.tables["runs"].set_index("run_id")
+    secs = runs[(runs["python_valid"] == "false") & runs["causes"].map(lambda c: "bookie.ignore_fence=true" in c)]
+    assert runs.loc[runs["python_valid"] == "true", "detection_s"].isna().all() and secs["detection_s"].notna().all()
+    assert det.loc["bookie.ignore_fence=true", "mean_detection_s"] == pytest.approx(secs["detection_s"].mean(), abs=0.005)
+
+
+def test_the_detection_matrix_equals_the_table_command(synthetic):
+    """The analysis's per-(cause, scenario) table holds the figures `pulsar-chaos detection` prints for the
+    same results dir (read without Spark): row for row."""
+    from harness import detection_table
+    results, res, _ = synthetic
+    mine = res.tables["detection_matrix"]
+    cli_rows, _ = detection_table.rows([str(results)])
+    assert len(mine) == len(cli_rows) > 0
+    got = [{k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()} for r in mine.to_dict("records")]
+    assert got == cli_rows
+    # the knob's row: the log runs under a kill; the clean log run is its scenario's false-alarm count
+    runs = res.tables["runs"]
+    [row] = [r for r in cli_rows if r["cause"] == "bookie.ignore_fence=true"]
+    log_kill = runs[(runs["workload"] == "log")]
+    assert row["runs"] == len(LOG_VARIANTS) - 1 and row["scenario"] == "log / kill"
+    assert row["invalid"] == int(((log_kill["python_valid"] == "false") & (log_kill["bugs"] != "none")).sum())
+    assert (row["false_alarm_runs"], row["false_alarms"]) == (1, 0)
+    assert {r["scenario_key"] for r in cli_rows if r["cause"] == "none"} >= {row["scenario_key"]}
 
 
 def test_fault_state_tables(synthetic):

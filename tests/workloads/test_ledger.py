@@ -76,6 +76,37 @@ def test_final_read_payloads_decode_to_ints():
     assert (m.ledger_id, m.entry_id, m.partition, m.batch_index) == (5, 7, -1, -1)
 
 
+def test_targeted_faults_hit_one_request_type_of_one_role():
+    """The options' request faults: the recoverer loses its fencing LAC read to the ledger's target
+    bookie (index ledger id mod E; the LAC reads go in ensemble order) and its write-backs; the writer's
+    adds to that bookie are late, and from `lost_adds_from` on lost; other requests and the final reads'
+    client are untouched."""
+    from clusters.bookie import protocol as P
+    from clusters.bookkeeper.channel import DROP
+
+    class Handle:
+        ledger_id, ensemble = 5, ["a:1", "b:1", "c:1"]
+
+    class C:
+        writer_handle = Handle()
+    s = spec(ensemble=3, write_quorum=2, ack_quorum=2,
+             options={"lost_fence": True, "slow_adds_ms": 300, "lost_adds_from": 50, "lost_recovery_adds": True})
+    assert ledger.request_fault(spec(), "writer+recoverer", C()) is None          # no option: no fault
+    assert ledger.request_fault(s, "final", C()) is None
+    rec = ledger.request_fault(s, "recoverer", C())
+    fence = (P.READ, P.FLAG_DO_FENCING | P.FLAG_HIGH_PRIORITY)
+    assert [rec(a, *fence, 5, P.INVALID_ENTRY) for a in ("a:1", "b:1", "c:1")] == [None, None, DROP]   # 5 % 3
+    assert [rec(a, *fence, 6, P.INVALID_ENTRY) for a in ("a:1", "b:1", "c:1")] == [DROP, None, None]   # 6 % 3
+    assert rec("c:1", *fence, 5, 3) is None                                      # a recovery read, not the LAC's
+    assert rec("a:1", P.ADD, P.FLAG_RECOVERY_ADD | P.FLAG_HIGH_PRIORITY, 5, 3) == DROP
+    assert rec("c:1", P.ADD, P.FLAG_NONE, 5, 3) is None                          # not the writer
+    w = ledger.request_fault(s, "writer", C())
+    assert w("c:1", P.ADD, P.FLAG_NONE, 5, 3) == pytest.approx(0.3) and w("a:1", P.ADD, P.FLAG_NONE, 5, 3) is None
+    assert w("c:1", P.ADD, P.FLAG_NONE, 4, 3) is None                            # not its current ledger
+    assert w("a:1", P.ADD, P.FLAG_NONE, 5, 50) == DROP
+    assert w("c:1", *fence, 5, P.INVALID_ENTRY) is None
+
+
 # ------------------------------------------------------------------------------------ real bookies
 
 def _run_workload(tmp_path: Path, zk: str, s: Spec) -> list:

@@ -11,9 +11,19 @@
     updates the namespace's boundaries
     (`UpdateNamespaceBundles`), then Deleted(src, v+1) for the parent;
   * Free: lookups complete empty; with force, the source closes and tombstones;
-  * Deleted: lookups fail; the source tombstones;
+  * Deleted: lookups fail; the record stays (Pulsar's newest handleDeleteEvent: the leader's monitor
+    tombstones it after loadBalancerServiceUnitStateTombstoneDelayTimeInSeconds, so a late message of
+    the split parent meets Deleted and its version and is rejected). With `tombstone_deleted` (the bug
+    knob lb.tombstone_split_parent, the 3.0-era handler of apache/pulsar#19490) the source tombstones the
+    parent at once: the bundle is Init again, which accepts anything (compaction may have dropped
+    history), so a transfer step that raced the split re-owns the split parent;
   * a tombstone (Init): lookups complete empty.
   The actions are returned in the order the broker performs them.
+- `handle_existing(key, data, me)`: what a (re)starting broker does with the records it finds when it
+  has read the channel's history (handleExisting): an Owned(dst=me) is its bundle; an Assigning(dst=me)
+  is completed with Owned (apache/pulsar#25379's fix; with `ignore_assigning`, the bug knob
+  lb.ignore_existing_assigning, it is ignored and the bundle stays Assigning until the leader's
+  ownership monitor overrides it).
 - `handle_skipped(key, current)`: a REJECTED message completes pending lookups with the current owner.
 - `get_owner(view, key, me, registered)`: getOwnerAsync's answer.
 - `assign_event`, `unload_event`, `split_event`: the records the publishers write (versionId =
@@ -87,7 +97,8 @@ def is_transfer(data: ServiceUnitStateData) -> bool:
 
 
 def handle_event(key: str, previous: ServiceUnitStateData | None, new: ServiceUnitStateData | None, me: str, *,
-                 view: ChannelView | None = None, multi_phase: bool = True, now_ms: int = 0) -> list[Action]:
+                 view: ChannelView | None = None, multi_phase: bool = True, now_ms: int = 0,
+                 tombstone_deleted: bool = False) -> list[Action]:
     """The actions broker `me` takes for an accepted message (`new` None: a tombstone). `view` (the
     table after the message) tells which split children exist already; `now_ms` stamps what `me`
     publishes. `previous` is the record before the message (kept for the caller's logs; the
@@ -137,9 +148,24 @@ def handle_event(key: str, previous: ServiceUnitStateData | None, new: ServiceUn
             out.append(Tombstone(key))
     elif st == S.Deleted:
         out.append(FailLookups(key, f"{key} is deleted (split)"))
-        if src == me:
+        if tombstone_deleted and src == me:
             out.append(Tombstone(key))
     return out
+
+
+def handle_existing(key: str, data: ServiceUnitStateData, me: str, *, now_ms: int = 0,
+                    ignore_assigning: bool = False) -> list[Action]:
+    """The actions of a broker that has just read the channel's history, for one record it found
+    (ServiceUnitStateChannelImpl.handleExisting): Owned(dst=me) -> `BundleOwned`; Assigning(dst=me) ->
+    Publish Owned(dst=me, src, v+1), as if the message had come now (apache/pulsar#25379: before it, a
+    restarted broker skipped it and the bundle stayed Assigning until the ownership monitor's override;
+    `ignore_assigning` restores that). Anything else: nothing."""
+    if data.state == S.Owned and data.dstBroker == me:
+        return [BundleOwned(key)]
+    if data.state == S.Assigning and data.dstBroker == me and not ignore_assigning:
+        return [Publish(key, ServiceUnitStateData(S.Owned, me, data.sourceBroker, None, False, now_ms,
+                                                  next_version_id(data)))]
+    return []
 
 
 def handle_skipped(key: str, current: ServiceUnitStateData | None) -> list[Action]:

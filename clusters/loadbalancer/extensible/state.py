@@ -201,7 +201,8 @@ BROKER_MISMATCH = "broker-mismatch"
 
 
 def resolve(frm: ServiceUnitStateData | None, to: ServiceUnitStateData | None,
-            storage: StorageType = StorageType.SystemTopic, check_brokers: bool = True) -> str | None:
+            storage: StorageType = StorageType.SystemTopic, check_brokers: bool = True,
+            check_version: bool = True) -> str | None:
     """Why `to` loses against the current `frm` (ServiceUnitStateDataConflictResolver.shouldKeepLeft),
     or None if `to` is accepted. Rules, in order:
     1. a tombstone (`to` None) is accepted;
@@ -210,10 +211,15 @@ def resolve(frm: ServiceUnitStateData | None, to: ServiceUnitStateData | None,
        and rejected on the metadata store; without `from`, the metadata store wants `to.v == 1`;
     3. `to.force` is accepted (but not before the version check);
     4. an invalid transition is rejected;
-    5. with `check_brokers`, the brokers must agree with the transition (see `_brokers_mismatch`)."""
+    5. with `check_brokers`, the brokers must agree with the transition (see `_brokers_mismatch`).
+    Without `check_version` rule 2 is skipped: the resolver before apache/pulsar#19620 added versionId
+    (the bug knob lb.no_version_check), which accepts a delayed message of an older version whenever its
+    transition is valid, and a forced one always."""
     if to is None:
         return None
-    if frm is not None:
+    if not check_version:
+        pass
+    elif frm is not None:
         if frm.versionId == JAVA_LONG_MAX and to.versionId == JAVA_LONG_MIN:
             pass
         elif frm.versionId >= to.versionId:
@@ -258,9 +264,10 @@ def _brokers_mismatch(frm: ServiceUnitStateData, to: ServiceUnitStateData) -> bo
 
 
 def should_keep_left(frm: ServiceUnitStateData | None, to: ServiceUnitStateData | None,
-                     storage: StorageType = StorageType.SystemTopic, check_brokers: bool = True) -> bool:
+                     storage: StorageType = StorageType.SystemTopic, check_brokers: bool = True,
+                     check_version: bool = True) -> bool:
     """True: `to` is rejected and `frm` stays (Pulsar's name)."""
-    return resolve(frm, to, storage, check_brokers) is not None
+    return resolve(frm, to, storage, check_brokers, check_version) is not None
 
 
 @dataclass(frozen=True)
@@ -279,6 +286,8 @@ class ChannelView:
     equal (`==`)."""
     storage: StorageType = StorageType.SystemTopic
     check_brokers: bool = True
+    # False: the resolver without its version rule (the bug knob lb.no_version_check, apache/pulsar#19620)
+    check_version: bool = True
     data: dict[str, ServiceUnitStateData] = field(default_factory=dict)
     # the keys in Splitting, kept by apply (SplitScheduler asks every cycle; a scan would cost every bundle)
     _splitting: set[str] = field(default_factory=set, compare=False, repr=False)
@@ -287,7 +296,7 @@ class ChannelView:
 
     def apply(self, key: str, value: ServiceUnitStateData | None) -> ApplyResult:
         prev = self.data.get(key)
-        reason = resolve(prev, value, self.storage, self.check_brokers)
+        reason = resolve(prev, value, self.storage, self.check_brokers, self.check_version)
         if reason is not None:
             return ApplyResult(key, False, reason, prev, prev)
         if value is None:

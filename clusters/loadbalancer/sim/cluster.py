@@ -21,6 +21,7 @@ Model, in short (each number a parameter of params.py):
 from __future__ import annotations
 
 import bisect
+import math
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -36,6 +37,15 @@ from clusters.loadbalancer.sim.scenario import Scenario
 FULL_UPPER = 0xFFFFFFFF
 
 
+def counted_noise(kb_s: float, z: float, dispersion_kb: float, seconds: float) -> float:
+    """A report's KB/s as counted over `seconds`: the true rate plus z standard deviations of counting
+    noise whose variance is `dispersion_kb` x the KB counted, over seconds squared (an overdispersed
+    Poisson count: relative noise falls as 1 / sqrt(rate)); never below 0."""
+    if kb_s <= 0 or dispersion_kb <= 0 or seconds <= 0:
+        return max(0.0, kb_s)
+    return max(0.0, kb_s + z * math.sqrt(dispersion_kb * kb_s / seconds))
+
+
 @dataclass
 class Bundle:
     name: str
@@ -44,6 +54,7 @@ class Bundle:
     waiters: list[Callable[[str | None], None]] = field(default_factory=list)
     assigning: bool = False
     stats: NamespaceBundleStats | None = None      # cached, None when stale
+    noise: float = 1.0                              # its rates' factor since the last recomputation
 
     def __hash__(self) -> int:
         return hash(self.name)
@@ -64,6 +75,9 @@ class Broker:
     bytes_out: float = 0.0
     topics: int = 0
     epoch: int = 0                # bumped on every stop: callbacks of an older life are dropped
+    sys_acc_in: float = 0.0       # bytes of the load manager's own system topics served here since the
+    sys_acc_out: float = 0.0      # last report (extensible.ExtensibleCluster.system_message)
+    sys_at: int = 0               # when the last report took them
 
 
 class Cluster:
@@ -77,6 +91,7 @@ class Cluster:
         self.rng = self.sim.rng
         self.progress = progress
         self.report_ms = max(50, settings.loadBalancerReportUpdateMinIntervalMillis)
+        self.noisy = params.report_noise > 0 or params.report_noise_kb > 0    # every report a new sample
         # brokers
         self.brokers: dict[str, Broker] = {}
         for i in range(scenario.brokers):
@@ -112,6 +127,10 @@ class Cluster:
         self.t_since: list[int] = [0] * n                # ms it was disconnected at
         self.t_pending: list[bool] = [False] * n         # a reconnect is scheduled
         self.t_epoch: list[int] = [0] * n                # bumped on every disconnect
+        self.t_conn: list[int] = [0] * n                 # ms it connected at
+        # the brokers' rates are recomputed every stats_interval_ms (0: exact at every moment)
+        self.stats_ms = params.stats_interval_ms
+        self.stats_at = 0                                # ms of the last recomputation
         for i in range(n):
             ns = self.ns_names[i % scenario.namespaces]
             name = f"persistent://{ns}/t-{i}"
@@ -182,12 +201,37 @@ class Cluster:
         self.marks.append((self.sim.now_ms / 1000, kind, detail))
 
     # ------------------------------------------------------------------------------------- load signals
+    def stats_weight(self, t: int) -> float:
+        """The share of a connected topic's rate its broker's stats show: all of it with exact stats;
+        with stats recomputed every stats_interval_ms (the brokers' Rates), the rate of the last
+        recomputation: nothing before the first one since it connected, the part of the interval it
+        was connected for at the first (its counters start at zero), all of it after."""
+        if not self.stats_ms:
+            return 1.0
+        since = self.t_conn[t]
+        if since > self.stats_at:
+            return 0.0
+        return min(1.0, (self.stats_at - since) / self.stats_ms)
+
+    def _stats_pass(self) -> None:
+        self.stats_at = self.sim.now_ms
+        d = self.p.report_noise_kb
+        for b in self.bundles.values():
+            b.stats = None
+            if d > 0:
+                # a recomputed rate is a count over the interval: its relative noise is a report's at
+                # this bundle's bytes over stats_interval_ms (one draw for the bundle's topics)
+                kb = sum(self.t_rate[t] for t in b.topics) * self.msg_size / 1024
+                b.noise = counted_noise(kb, self.rng.gauss(0, 1), d, self.stats_ms / 1000) / kb if kb > 0 else 1.0
+        for br in self.brokers.values():
+            br.dirty = True
+
     def bundle_stats(self, b: Bundle) -> NamespaceBundleStats:
         if b.stats is None:
             s = NamespaceBundleStats()
             for t in b.topics:
                 if self.t_broker[t] is not None:
-                    r = self.t_rate[t]
+                    r = self.t_rate[t] * self.stats_weight(t) * b.noise
                     s.msgRateIn += r
                     s.msgThroughputIn += r * self.msg_size
                     s.msgRateOut += r * self.subs
@@ -211,13 +255,29 @@ class Cluster:
         if p.report_noise > 0:
             noise = [max(0.0, 1 + self.rng.gauss(0, p.report_noise)) for _ in range(3)]
             br.dirty = True              # the next report is a new sample
+        kb_in, kb_out = br.bytes_in / 1024 * noise[1], br.bytes_out / 1024 * noise[2]
+        if p.base_kb_s > 0:
+            kb_in, kb_out = kb_in + p.base_kb_s, kb_out + p.base_kb_s
+        if br.sys_acc_in or br.sys_acc_out:
+            span = max(self.report_ms, self.sim.now_ms - br.sys_at) / 1000
+            kb_in += br.sys_acc_in / 1024 / span
+            kb_out += br.sys_acc_out / 1024 / span
+            br.sys_acc_in = br.sys_acc_out = 0.0
+        br.sys_at = self.sim.now_ms
+        if p.report_noise_kb > 0:
+            # counting noise: one draw for both directions (a second's messages are counted on the way in
+            # and out alike), its variance report_noise_kb x the KB/s over the report's seconds
+            z = self.rng.gauss(0, 1)
+            kb_in, kb_out = (counted_noise(kb_in, z, p.report_noise_kb, self.report_ms / 1000),
+                             counted_noise(kb_out, z, p.report_noise_kb, self.report_ms / 1000))
+            br.dirty = True
         cpu = p.base_cpu_percent * cores + (br.rate_in + br.rate_out) * p.cpu_per_msg_us / 1e6 * 100 * noise[0]
         nic_kb = cap.get("nic_mbytes", p.nic_mbytes) * 1024
         return {"cpu": ResourceUsage(cpu, 100.0 * cores),
                 "memory": ResourceUsage(1024.0, 8192.0),
                 "directMemory": ResourceUsage(256.0, 4096.0),
-                "bandwidthIn": ResourceUsage(br.bytes_in / 1024 * noise[1], nic_kb),
-                "bandwidthOut": ResourceUsage(br.bytes_out / 1024 * noise[2], nic_kb)}
+                "bandwidthIn": ResourceUsage(kb_in, nic_kb),
+                "bandwidthOut": ResourceUsage(kb_out, nic_kb)}
 
     def _account(self, t: int, broker: str, sign: int) -> None:
         br = self.brokers[broker]
@@ -291,6 +351,7 @@ class Cluster:
                 self._retry(t)             # the bundle moved while loading: the client is redirected
                 return
             self.t_broker[t] = owner
+            self.t_conn[t] = self.sim.now_ms
             self._account(t, owner, +1)
             self.connected_pubs += self.t_pubs[t]
             self.gaps.append((self.t_since[t], self.sim.now_ms, self.t_rate[t]))
@@ -404,13 +465,20 @@ class Cluster:
                 for i, b in enumerate(targets):
                     self.sim.after(i * step, self.stop_broker, b, True)
         elif e.kind == "leave":
-            targets = [b for b in self.order if self.brokers[b].up][-n:]
+            up = [b for b in self.order if self.brokers[b].up]
+            targets = sorted(self.rng.sample(up, min(n, len(up))), key=self.order.index) if e.random else up[-n:]
             self.mark("leave", f"{len(targets)} brokers")
             names = [self.brokers[b].name for b in targets]
             self.nemesis.append((self.sim.now_ms, "invoke", "start-scale", {"role": "broker", "nodes": names}))
-            for b in targets:
-                self.stop_broker(b)
-            self.sim.after(self.p.graceful_unload_ms + 1,
+            # at once, or (sequential) one after another, each when the previous one is gone, as the scale
+            # nemesis stops them
+            step = self.p.graceful_unload_ms if e.sequential else 0
+            for i, b in enumerate(targets):
+                if step:
+                    self.sim.after(i * step, self.stop_broker, b)
+                else:
+                    self.stop_broker(b)
+            self.sim.after(self.p.graceful_unload_ms + step * (len(targets) - 1) + 1,
                            lambda: self.nemesis.append((self.sim.now_ms, "ok", "start-scale",
                                                         {"role": "broker", "nodes": names})))
         elif e.kind == "join":
@@ -466,6 +534,8 @@ class Cluster:
             self.start_broker(b)
         self.sim.after(self.p.metadata_write_ms * 2 + 1, self.start_clients)
         self.schedule_scenario()
+        if self.stats_ms > 0:
+            self.sim.every(self.stats_ms, self._stats_pass)
         self.sim.every(self.report_ms, self.report_round)
         self.sim.every(1000, self.sample, first_ms=0)
         self.sim.every(10_000, self.sample_topics, first_ms=0)

@@ -19,6 +19,7 @@ override_ownership with graceful=True, a broker selected for each), then leaves.
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any, Callable
 
 from clusters.loadbalancer.data import namespace_of
@@ -37,6 +38,10 @@ from clusters.loadbalancer.sim.cluster import Cluster
 from clusters.loadbalancer.sim.events import Server
 
 OBSERVER = "-observer-"
+# what our broker wrapper does around the core (extensible_manager.py; test_lb_sim checks they agree): after a
+# broker joins, every broker pushes its load data every round for max(this, 4 report intervals), whatever
+# the reporter rule says (a non-persistent topic keeps nothing for the newcomer's reader)
+REPUBLISH_ON_JOIN_S = 10.0
 
 
 class ExtensibleCluster(Cluster):
@@ -57,9 +62,28 @@ class ExtensibleCluster(Cluster):
         self.recent_brokers: dict[str, int] = {}
         self.last_shed = self.last_split = self.last_monitor = 0
         self.rejected = 0
+        self._top_sent: dict[str, str] = {}                   # the top-bundles body last published, per broker
+        self.republish_until = 0                              # ms: every broker pushes its load data until then
+        self.push: set[str] = set()                           # brokers whose next report pushes (new leader)
+
+    # -- the system topics' traffic ----------------------------------------------------------------
+    def system_message(self, payload_bytes: int, readers: int) -> None:
+        """A message on a system topic (the channel, the load-data topics): the leader owns them
+        (extensible_manager.py), so it reads the message from its producer and writes it to every
+        reader; counted in its bandwidth (params.system_msg_overhead_bytes > 0, else not modelled)."""
+        over = self.p.system_msg_overhead_bytes
+        if over <= 0 or self.leader is None:
+            return
+        br = self.brokers[self.leader]
+        size = payload_bytes + over
+        br.sys_acc_in += size
+        br.sys_acc_out += size * readers
 
     # -- the channel -----------------------------------------------------------------------------
     def publish(self, key: str, data: ServiceUnitStateData | None) -> None:
+        if self.p.system_msg_overhead_bytes > 0:
+            # every broker tails the channel
+            self.system_message(len(key) + (len(data.encode()) if data is not None else 0), len(self.live()))
         done = self.chan.submit(lambda: None)
         self.sim.at(done + self.p.channel_ms, self._apply, key, data)
 
@@ -159,6 +183,8 @@ class ExtensibleCluster(Cluster):
         self.load[broker] = BrokerLoadData()
         self.splitters[broker] = SplitScheduler()
         self.top_fresh[broker] = False
+        # the others see it register and push their load data every round for a while
+        self.republish_until = self.sim.now_ms + int(max(REPUBLISH_ON_JOIN_S * 1000, 4 * self.report_ms))
         self._report(broker)
         if self.leader is None:
             self._elect()
@@ -168,8 +194,17 @@ class ExtensibleCluster(Cluster):
         new = live[0] if live else None
         if new != self.leader:
             self.leader = new
-            self.shedder = TransferShedder()          # a new leader's scheduler starts afresh
+            # playLeader: a fresh scheduler, no memory of recent unloads, the top bundles' table read anew
+            self.shedder = TransferShedder()
+            self.recent_bundles.clear()
+            self.recent_brokers.clear()
+            self.top.clear()
             self.last_shed = self.last_monitor = self.sim.now_ms
+            # the load-data topics moved: every broker pushes its load data and top bundles again
+            self.push = set(live)
+            self._top_sent.clear()
+            for b in live:
+                self.top_fresh[b] = False
             if new:
                 self.event("leader", broker=new)
 
@@ -183,6 +218,7 @@ class ExtensibleCluster(Cluster):
             self.publish(key, override_ownership(key, orphan, sel, True, now))
 
     def broker_stopped(self, broker: str) -> None:
+        self._top_sent.pop(broker, None)
         self.published.pop(broker, None)
         self.top.pop(broker, None)
         self.load.pop(broker, None)
@@ -195,21 +231,38 @@ class ExtensibleCluster(Cluster):
         br = self.brokers[broker]
         bl = self.load[broker]
         changed = br.dirty
-        stats = self.broker_stats(br) if changed or not self.top_fresh.get(broker) else None
+        stats = self.broker_stats(br) if changed or not self.top_fresh.get(broker) or self.stats_ms else None
         u = self.usage(br)
         now = self.sim.now_ms
-        bl.update(u, br.bytes_in, br.bytes_out, br.rate_in, br.rate_out, len(br.bundles), br.topics,
-                  self.settings, now)
+        if self.stats_ms and stats is not None:
+            # the broker's rates as its stats show them (recomputed every stats_interval_ms: always read)
+            sums = [sum(getattr(x, k) for x in stats.values())
+                    for k in ("msgThroughputIn", "msgThroughputOut", "msgRateIn", "msgRateOut")]
+            bl.update(u, *sums, len(br.bundles), br.topics, self.settings, now)
+        else:
+            bl.update(u, br.bytes_in, br.bytes_out, br.rate_in, br.rate_out, len(br.bundles), br.topics,
+                      self.settings, now)
         br.dirty = False
         if stats is not None:
             self.top_fresh[broker] = True
             top = top_k_bundles(stats, self.settings.loadBalancerMaxNumberOfBundlesInBundleLoadReport,
                                 self.settings.loadBalancerSheddingExcludedNamespaces)
             self.sim.after(self.p.channel_ms, self._set_top, broker, top, br.epoch)
-        if need_broker_load_data_update(self.published.get(broker), bl, self.settings, now):
+            if self.p.system_msg_overhead_bytes > 0:
+                # the broker publishes its top bundles when they changed; the leader reads them
+                body = json.dumps(top.to_json(), sort_keys=True)
+                if body != self._top_sent.get(broker):
+                    self._top_sent[broker] = body
+                    self.system_message(len(broker) + len(body), 1)
+        if (need_broker_load_data_update(self.published.get(broker), bl, self.settings, now)
+                or now < self.republish_until or broker in self.push):
+            self.push.discard(broker)
             snap = copy.copy(bl)
             snap.mark_reported(now)
             self.sim.after(self.p.channel_ms, self._set_load, broker, snap, br.epoch)
+            if self.p.system_msg_overhead_bytes > 0:
+                # every broker reads every broker's load data
+                self.system_message(len(broker) + len(json.dumps(snap.to_json())), len(self.live()))
         self.record_load(broker, bl.max_resource_usage_with_weight(self.settings),
                          {"weightedMaxEMA": round(bl.weightedMaxEMA, 5)})
 
@@ -266,9 +319,7 @@ class ExtensibleCluster(Cluster):
             self.event("unload", bundle=u.serviceUnit, source=u.sourceBroker, destination=u.destBroker,
                        reason=f"shed:TransferShedder:{d.reason}", leader=self.leader)
             self.recent_bundles[u.serviceUnit] = now
-            self.recent_brokers[u.sourceBroker] = now
-            if u.destBroker:
-                self.recent_brokers[u.destBroker] = now
+            self.recent_brokers[u.sourceBroker] = now       # the source only, as the broker's shed() records
             self.publish(u.serviceUnit, rec)
 
     def _monitor(self, live: list[str]) -> None:
