@@ -36,6 +36,10 @@ SCENARIOS = {        # the knob entries of campaigns/detection.toml (time limits
                        "--topics", "40", "--time-limit", "50", "--settle", "5",
                        "--lb-setting", "loadBalancerReportUpdateMinIntervalMillis=1000",
                        "--bug", "lb.keep_preallocations=true"],
+    "broken-ack": ["--workload", "ledger", "--nemesis", "kill:bookie", "--nemesis-interval", "2", "--ensemble", "2",
+                   "--write-quorum", "1", "--ack-quorum", "1", "--rate", "400", "--time-limit", "30", "--settle", "5",
+                   "--option", "recover_interval=20.0", "--option", "slow_adds_ms=20", "--option", "slow_metadata_ms=50",
+                   "--bug", "bk.ack_broken_entry_on_ensemble_change=true"],
 }
 
 
