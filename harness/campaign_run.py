@@ -35,6 +35,27 @@ JUNIT_XML = "junit.xml"
 TERM_GRACE_S = 180.0          # after SIGTERM at the time limit, how long a run may take to clean up
 
 
+def stop_run(proc: subprocess.Popen, grace_s: float = TERM_GRACE_S) -> bool:
+    """SIGTERM a `pulsar-chaos run` started in its own session (it tears its cluster down and writes its
+    results), SIGKILL the session after the grace; True when it had to be killed."""
+    if proc.poll() is not None:
+        return False
+    try:
+        proc.send_signal(signal.SIGTERM)
+    except OSError:
+        pass
+    try:
+        proc.wait(grace_s)
+        return False
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)      # its own session: the run and its workers
+        except OSError:
+            pass
+        proc.wait(10)
+        return True
+
+
 @dataclass
 class Options:
     file: str
@@ -187,22 +208,9 @@ class CampaignRun:
             return None
 
     def _stop(self, proc: subprocess.Popen) -> int:
-        """SIGTERM the run (it tears its cluster down and writes its results), SIGKILL after the grace,
-        then remove the cluster it named in cluster.json."""
-        if proc.poll() is None:
-            try:
-                proc.send_signal(signal.SIGTERM)
-            except OSError:
-                pass
-            try:
-                proc.wait(TERM_GRACE_S)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)      # its own session: the run and its workers
-                except OSError:
-                    pass
-                proc.wait(10)
-                self._force_down(proc)
+        """stop_run, then, if it had to kill, remove the cluster the run named in cluster.json."""
+        if stop_run(proc):
+            self._force_down(proc)
         return proc.returncode
 
     def _force_down(self, proc: subprocess.Popen) -> None:

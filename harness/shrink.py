@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -40,6 +38,7 @@ from typing import Any, TextIO
 
 from core import store
 from core.spec import TestSpec
+from harness.campaign_run import stop_run
 from harness.replay import RecordedFault, ReplayError, load_run, recorded_faults, spec_with_faults, symbolic
 
 from harness.shrink_page import MINIMAL_TOML, SHRINK_HTML, SHRINK_JSON, signature_text  # noqa: F401
@@ -50,7 +49,6 @@ FIRST_FAULT_AT_S = 1.0      # the faults moved to the start begin here
 END_MARGIN_S = 2.0          # the time limit's margin after the last fault ends
 HALVINGS = 4                # at most this many halvings per number
 RUN_SLACK_S = 240.0         # on top of a candidate's time limit, settle and final reads: its wall limit
-TERM_GRACE_S = 180.0        # after SIGTERM, how long a run may take to clean up
 
 
 class ShrinkError(ValueError):
@@ -602,20 +600,8 @@ def _read_json(p: Path) -> Any:
 
 
 def _stop(proc: subprocess.Popen) -> int:
-    """SIGTERM the run (it tears its cluster down), SIGKILL its session after the grace."""
-    if proc.poll() is None:
-        try:
-            proc.send_signal(signal.SIGTERM)
-        except OSError:
-            pass
-        try:
-            proc.wait(TERM_GRACE_S)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-            proc.wait(10)
+    """The run stopped as a campaign stops one (SIGTERM, then SIGKILL of its session after the grace)."""
+    stop_run(proc)
     return proc.returncode
 
 
