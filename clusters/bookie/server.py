@@ -325,9 +325,10 @@ class Bookie:
     def _zk_path(self) -> str:
         return f"{AVAILABLE}/{self.cfg.bookie_id}"
 
-    async def _connect(self, limit_s: float) -> None:
-        """Connect the metadata store, retrying for at most limit_s (then the last error)."""
-        deadline = self.loop.time() + limit_s
+    async def _connect(self, limit_s: float | None) -> None:
+        """Connect the metadata store, retrying every second; with limit_s, for at most that long (then the
+        last error), else until it connects."""
+        deadline = None if limit_s is None else self.loop.time() + limit_s
         while self.store is None:
             store = MetadataStore(self.cfg.zk, session_timeout=self.cfg.zk_session_timeout,
                                   name=self.cfg.name)
@@ -339,7 +340,7 @@ class Bookie:
                     await store.close()
                 except Exception:
                     pass
-                if self.loop.time() >= deadline:
+                if deadline is not None and self.loop.time() >= deadline:
                     raise cookies.CookieError(f"bookie {self.cfg.bookie_id}: ZooKeeper at "
                                               f"{self.cfg.zk} not reachable for {limit_s:.0f}s "
                                               f"({e!r}); the cookies cannot be checked") from None
@@ -347,19 +348,7 @@ class Bookie:
                 await asyncio.sleep(1)
 
     async def _registration(self) -> None:
-        while self.store is None:
-            store = MetadataStore(self.cfg.zk, session_timeout=self.cfg.zk_session_timeout,
-                                  name=self.cfg.name)
-            try:
-                await store.start(timeout=15)
-                self.store = store
-            except Exception as e:
-                log.warning("bookie %s: ZooKeeper not reachable yet: %r", self.cfg.bookie_id, e)
-                try:
-                    await store.close()
-                except Exception:
-                    pass
-                await asyncio.sleep(1)
+        await self._connect(None)
         self.store.add_listener(self._on_zk_state)
         data = json.dumps({"host": self.cfg.host, "port": self.cfg.port,
                            "pid": os.getpid()}).encode()
