@@ -52,10 +52,8 @@ from clusters.loadbalancer.extensible.monitor import (MAX_CLEAN_UP_DELAY_TIME_IN
 from clusters.loadbalancer.extensible.split_scheduler import SplitScheduler
 from clusters.loadbalancer.extensible.state import S, is_active, is_in_flight
 from clusters.loadbalancer.extensible.transfer_shedder import TransferShedder
-from clusters.loadbalancer.settings import LoadBalancerSettings
-from clusters.loadbalancer.shared import DecisionLog, LeaderElection, bundle_stats, now_ms, periodic, split_cuts
-from clusters.loadbalancer.signals import HostUsage
-from clusters.metadata.brokers import BROKERS_PATH, BrokerRegistry
+from clusters.loadbalancer.shared import BrokerLoadManager, bundle_stats, now_ms, periodic, split_cuts
+from clusters.metadata.brokers import BROKERS_PATH
 from clusters.metadata.codec import decode_json_object
 from clusters.metadata.store import BadVersion, NodeExists, NoNode
 
@@ -81,29 +79,16 @@ HEALTH_CHECK_BACKOFF_S = 0.5
 SYSTEM_RETENTION = {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1}
 
 
-class ExtensibleLoadManager:
+class ExtensibleLoadManager(BrokerLoadManager):
     name = "extensible"
     # BrokerService.stop calls stop() before it closes the topics: the bundles are transferred away
     # while this broker still serves them (Pulsar's disableBroker comes first too)
     stops_before_topics = True
 
     def __init__(self, service: Any):
-        self.service = service
-        cfg = service.config
-        self.cfg = cfg
-        self.store = service.store
-        self.settings = LoadBalancerSettings.from_mapping(dict(cfg.load_balancer or {}))
-        self.broker_id = f"{cfg.host}:{cfg.http_port}"
-        self.path = f"{BROKERS_PATH}/{self.broker_id}"
-        self.registry = BrokerRegistry(self.store)
-        self.election = LeaderElection(self.store, LEADER_PATH, self.broker_id, cfg.web_url, self._on_leader_change)
-        self.events = DecisionLog(self.broker_id, self.election.leader_id)
-        self.incarnation = self.events.incarnation
-        self.decisions = self.events.decisions
-        self.knobs = service.knobs.of("load-balancer")          # bug knobs (clusters/bugs.py)
+        super().__init__(service, LEADER_PATH)     # settings, ids, registry, election, log, knobs, usage
+        cfg = self.cfg
         self.ownership = ChannelOwnership(self.store, cfg, self)
-        self.usage = HostUsage(service.io, cpu_cores=cfg.cpu_cores, memory_limit_mb=cfg.memory_limit_mb,
-                               nic_speed_gbps=self.settings.loadBalancerOverrideBrokerNicSpeedGbps or cfg.nic_speed_gbps)
         self.rng = random.Random()
         self.client: Any = None                   # clusters.protocol.client.PulsarClient, on this broker
         self.registered: set[str] = set()         # brokerIds of the live registrations

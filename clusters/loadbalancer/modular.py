@@ -29,11 +29,8 @@ from clusters.loadbalancer.bundles import Bundle, parse_range
 from clusters.loadbalancer.api import Assignment, Route, UnloadRefused
 from clusters.loadbalancer.data import LocalBrokerData, ResourceUsage, need_broker_data_update
 from clusters.loadbalancer.modular_leader import ModularLeader
-from clusters.loadbalancer.settings import LoadBalancerSettings
-from clusters.loadbalancer.shared import DecisionLog, LeaderElection, bundle_stats, now_ms as _now_ms, split_cuts
-from clusters.loadbalancer.signals import HostUsage
+from clusters.loadbalancer.shared import BrokerLoadManager, bundle_stats, now_ms as _now_ms, split_cuts
 from clusters.loadbalancer.zk_ownership import ZkOwnership
-from clusters.metadata.brokers import BROKERS_PATH, BrokerRegistry
 from clusters.metadata.store import NodeExists, NoNode
 
 log = logging.getLogger(__name__)
@@ -44,38 +41,23 @@ TIME_AVERAGE_ROOT = "/loadbalance/broker-time-average"     # ... BROKER_TIME_AVE
 CLASS_NAME = "org.apache.pulsar.broker.loadbalance.impl.ModularLoadManagerImpl"
 
 
-class ModularLoadManager:
+class ModularLoadManager(BrokerLoadManager):
     name = "modular"
 
     def __init__(self, service: Any):
-        self.service = service
-        cfg = service.config
-        self.cfg = cfg
-        self.store = service.store
-        self.settings = LoadBalancerSettings.from_mapping(dict(cfg.load_balancer or {}))
-        self.broker_id = f"{cfg.host}:{cfg.http_port}"
-        self.path = f"{BROKERS_PATH}/{self.broker_id}"
-        self.registry = BrokerRegistry(self.store)
+        # settings, ids, registry, leader election, decision log, knobs and usage (shared.py); the grace
+        # period is this process's memory (Pulsar's LoadData), so its events name the incarnation and the
+        # ownership checker compares unloads of one incarnation only
+        super().__init__(service, LEADER_PATH)
         # ownership by ZooKeeper locks; an unowned bundle's broker is this load manager's choice
-        self.ownership = ZkOwnership(self.store, cfg, on_lost=service.bundle_lost)
+        self.ownership = ZkOwnership(self.store, self.cfg, on_lost=service.bundle_lost)
         self.ownership.assign = self.assign
-        self.usage = HostUsage(service.io, cpu_cores=cfg.cpu_cores, memory_limit_mb=cfg.memory_limit_mb,
-                               nic_speed_gbps=self.settings.loadBalancerOverrideBrokerNicSpeedGbps or cfg.nic_speed_gbps)
-        # the leader election (shared.py), and the decision log naming the leader this broker knows
-        self.election = LeaderElection(self.store, LEADER_PATH, self.broker_id, cfg.web_url, self._on_leader_change)
         self._written: Any = None                 # a copy of the LocalBrokerData last written
         self._local: Any = None                   # this broker's LocalBrokerData, updated in place
         self._tasks: list[asyncio.Task] = []
         self._stopped = False
-        # the incarnation is this process's start (ms): the grace period is this process's memory (Pulsar's
-        # LoadData), so its events name it and the ownership checker compares unloads of one incarnation only
-        self.events = DecisionLog(self.broker_id, lambda: self.election.leader_id())
-        self.incarnation = self.events.incarnation
-        self.decisions = self.events.decisions
         self.counters = {"unload_broker": 0, "unload_bundle": 0, "split": 0, "assign": 0}
-        # bug knobs (clusters/bugs.py): the broker's, seen as the load balancer's; the leader's decisions,
-        # I/O-free (modular_leader.py)
-        self.knobs = service.knobs.of("load-balancer")
+        # the leader's decisions, I/O-free (modular_leader.py), with this broker's bug knobs
         self.lead = ModularLeader(self.settings, random.Random(),
                                   shed_to_owner=self.knobs.on("lb.shed_to_owner"),
                                   keep_preallocations=self.knobs.on("lb.keep_preallocations"))

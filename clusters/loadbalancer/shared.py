@@ -21,6 +21,9 @@ from typing import Any, Awaitable, Callable
 from clusters.loadbalancer import splitting
 from clusters.loadbalancer.bundles import Bundle, BundleError
 from clusters.loadbalancer.data import NamespaceBundleStats
+from clusters.loadbalancer.settings import LoadBalancerSettings
+from clusters.loadbalancer.signals import HostUsage
+from clusters.metadata.brokers import BROKERS_PATH, BrokerRegistry
 from clusters.metadata.store import NodeExists
 
 log = logging.getLogger(__name__)
@@ -29,6 +32,35 @@ decisions_log = logging.getLogger("lb")
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+class BrokerLoadManager:
+    """What every load manager of a broker sets up alike from its BrokerService: the settings under
+    Pulsar's names, this broker's id and registration path, the broker registry, the leader election at
+    `leader_path` (the subclass's `_on_leader_change` hears it), the decision log, the bug knobs and the
+    host's resource usage."""
+
+    def __init__(self, service: Any, leader_path: str):
+        self.service = service
+        cfg = service.config
+        self.cfg = cfg
+        self.store = service.store
+        self.settings = LoadBalancerSettings.from_mapping(dict(cfg.load_balancer or {}))
+        self.broker_id = f"{cfg.host}:{cfg.http_port}"
+        self.path = f"{BROKERS_PATH}/{self.broker_id}"
+        self.registry = BrokerRegistry(self.store)
+        self.election = LeaderElection(self.store, leader_path, self.broker_id, cfg.web_url, self._on_leader_change)
+        # the incarnation is this process's start (ms): the decision log names it and the leader this
+        # broker knows
+        self.events = DecisionLog(self.broker_id, self.election.leader_id)
+        self.incarnation = self.events.incarnation
+        self.decisions = self.events.decisions
+        self.knobs = service.knobs.of("load-balancer")          # bug knobs (clusters/bugs.py)
+        self.usage = HostUsage(service.io, cpu_cores=cfg.cpu_cores, memory_limit_mb=cfg.memory_limit_mb,
+                               nic_speed_gbps=self.settings.loadBalancerOverrideBrokerNicSpeedGbps or cfg.nic_speed_gbps)
+
+    def _on_leader_change(self, elected: bool) -> None:
+        raise NotImplementedError
 
 
 class DecisionLog:
