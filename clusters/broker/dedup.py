@@ -265,37 +265,28 @@ class MessageDeduplication:
             cursor = await self.ml.open_cursor(DEDUP_CURSOR, "latest")
         return cursor
 
-    async def _replay_batch(self, pos: Position) -> tuple[list[tuple[str, int]], Position] | None:
-        """(producer, highest sequence id) of each readable entry of the batch from pos, and the position
-        after it; None at the end of the log."""
-        ml = self.ml
-        lc = ml.last_confirmed
-        if lc is None or pos > lc:
-            return None
-        batch = await ml.read_entries(pos, REPLAY_BATCH)
-        if not batch:
-            return None
-        out = []
-        for _, entry in batch:
-            try:
-                md = frames.entry_metadata(entry)
-            except frames.ProtocolError:
-                continue
-            out.append((md.producer_name, entry_highest_sequence_id(md)))
-        return out, ml.next_position(batch[-1][0])
-
     async def _replay_through_cursor(self) -> None:
         """Read the entries from the dedup cursor's read position, which every replay of this topic
         shares and moves, writing each entry's sequence id into the live maps (Pulsar's replay)."""
+        ml = self.ml
         while self._read_position is not None:
-            got = await self._replay_batch(self._read_position)
-            if got is None:
+            pos = self._read_position
+            lc = ml.last_confirmed
+            if lc is None or pos > lc:
                 break
-            seqs, nxt = got
-            for producer, seq in seqs:
-                self.pushed[producer] = seq
-                self.persisted[producer] = seq
+            batch = await ml.read_entries(pos, REPLAY_BATCH)
+            if not batch:
+                break
+            for _, entry in batch:
+                try:
+                    md = frames.entry_metadata(entry)
+                except frames.ProtocolError:
+                    continue
+                seq = entry_highest_sequence_id(md)
+                self.pushed[md.producer_name] = seq
+                self.persisted[md.producer_name] = seq
                 self.replayed_entries += 1
+            nxt = ml.next_position(batch[-1][0])
             if self._read_position is None or nxt > self._read_position:
                 self._read_position = nxt
 
@@ -304,12 +295,20 @@ class MessageDeduplication:
         pos = ml.next_position(after) if after is not None else ml.first_position()
         n = 0
         while pos is not None:
-            got = await self._replay_batch(pos)
-            if got is None:
+            lc = ml.last_confirmed
+            if lc is None or pos > lc:
                 break
-            batch, pos = got
-            seqs.update(batch)
-            n += len(batch)
+            batch = await ml.read_entries(pos, REPLAY_BATCH)
+            if not batch:
+                break
+            for _, entry in batch:
+                try:
+                    md = frames.entry_metadata(entry)
+                except frames.ProtocolError:
+                    continue
+                seqs[md.producer_name] = entry_highest_sequence_id(md)
+                n += 1
+            pos = ml.next_position(batch[-1][0])
         self.replayed_entries = n
 
     async def _disable(self) -> None:
