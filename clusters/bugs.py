@@ -83,6 +83,12 @@ _B2 = ("--workload ledger --nemesis none --bookies 4 --ensemble 2 --write-quorum
 _B12 = ("--workload ledger --nemesis kill:bookie --nemesis-interval 2 --ensemble 2 --write-quorum 1 "
         "--ack-quorum 1 --rate 400 --time-limit 30 --option recover_interval=20.0 --option slow_adds_ms=20 "
         "--option slow_metadata_ms=50")
+# B6: the owner of the topics paused for 12 s (a long stop-the-world pause), so its ZooKeeper session expires
+# and new producers' lookups make the other broker take its topics over; ledgers roll over by age every
+# 1.2 s and few messages are sent, so most of its topics' last ledgers are empty at the takeover (and are
+# deleted by the new owner); after the pause it writes the sends that reached it meanwhile to them
+_B6 = ("--workload log --nemesis pause:owner --nemesis-interval 12 --time-limit 40 --topics 8 --rate 8 "
+       "--client-lifetime 1 --broker-setting managedLedgerMaxLedgerRolloverTimeMinutes=0.02")
 # the extensible load manager's knobs (bench/README.md "Detection of the extensible load manager's bug knobs")
 _EXT = ("--workload balance --load-manager extensible --nemesis none --brokers 3 --topics 40 "
         "--lb-setting loadBalancerReportUpdateMinIntervalMillis=1000")
@@ -193,6 +199,13 @@ REGISTRY: Registry[Knob] = Registry("bug knob", {
                "entry is acknowledged with fewer than Qa copies in its new fragment and never re-sent",
         component="bookkeeper-client", issues=("apache/bookkeeper#3005", "apache/bookkeeper#3041"),
         scenario=_B12),
+    "bookie.write_after_delete_accepted": Knob(
+        False, "a bookie forgets a ledger's fence when the ledger is deleted (a client's delete, or garbage "
+               "collection once its metadata is gone) and takes a later add to it for the first add of a new "
+               "ledger (BookKeeper before apache/bookkeeper#4462; apache/pulsar#20094): a broker whose session "
+               "expired keeps writing to its empty last ledger, which the topic's new owner recovered and "
+               "deleted, and its producers get acknowledgements for messages nobody can read",
+        component="bookie", issues=("apache/bookkeeper#4462", "apache/pulsar#20094"), scenario=_B6),
     "broker.dedup_recovery_race": Knob(
         False, "deduplication's recovery can run twice at once and a topic can open before it ends "
                "(apache/pulsar#25954, fixed by #25953): the enable path marks the status Recovering only "

@@ -36,6 +36,9 @@ class BookieConfig(NodeConfig):
     flush_interval_ms: int = 1000           # checkpoint: write cache -> entry log + index
     write_cache_mb: int = 64
     read_cache_mb: int = 64
+    # BookKeeper's gcWaitTime: every this many ms the bookie drops the ledgers whose metadata is gone
+    # (clusters/bookie/gc.py); BookKeeper's default, 10 minutes
+    gc_wait_time_ms: int = 600_000
     # auto-recovery (clusters/autorecovery/), run inside the bookie process as with BookKeeper's
     # autoRecoveryDaemonEnabled: an auditor elected among the bookies + a replication worker each
     autorecovery_enabled: bool = True

@@ -17,6 +17,15 @@ never answers NO_SUCH_ENTRY / NO_SUCH_LEDGER (ledger recovery would take that fo
 written" and truncate acknowledged entries, apache/bookkeeper#4812): it answers ERROR, which a
 recovery read counts as unknown. Entries it does store are served as usual. The bug knob
 `bookie.no_limbo` (apache/bookkeeper#2612) turns this off: the formatted bookie is trusted at once.
+
+Deleted ledgers: a ledger leaves the bookie by a client's DELETE request or by garbage collection of
+the ledgers whose metadata is gone (gc.py, every `gcWaitTime`). A ledger that was fenced when it was
+deleted stays fenced (BookKeeper's recentlyFencedAndDeletedLedgers, apache/bookkeeper#4462): a later
+add to it, normal or recovery, is refused with FENCED instead of starting a new, unfenced ledger of
+that id. Without that, the owner whose ledger another client recovered and deleted (a broker whose
+ZooKeeper session expired, its empty last ledger deleted by the topic's new owner,
+apache/pulsar#20094) gets its adds acknowledged in a ledger nobody will read. The bug knob
+`bookie.write_after_delete_accepted` restores that.
 """
 from __future__ import annotations
 
@@ -25,6 +34,7 @@ import json
 import logging
 import os
 import socket
+import time
 from pathlib import Path
 
 import crc32c
@@ -36,6 +46,7 @@ from clusters.metrics import REGISTRY
 
 from . import cookie as cookies
 from . import protocol as P
+from .gc import GarbageCollector
 from .http import BookieHttpServer
 from .journal import T_ADD, T_DELETE, T_FENCE, Journal
 from .storage import CorruptEntry, LedgerStorage
@@ -49,6 +60,8 @@ RESUME_INFLIGHT = 10000
 COOKIE_EXIT = 3          # the exit code of a bookie whose cookies refuse its disks
 ZK_CONNECT_S = 60.0      # how long start() tries to reach ZooKeeper for the cookie check
 LIMBO_FILE = "limbo.json"
+# how long a fenced and deleted ledger stays refused after its last access (BookKeeper: 7 days)
+FENCED_DELETED_KEEP_S = 7 * 24 * 3600.0
 
 
 
@@ -132,6 +145,10 @@ class Bookie:
         self.ignore_fence = self.knobs.on("bookie.ignore_fence")
         self.no_cookie = self.knobs.on("bookie.no_cookie")
         self.no_limbo = self.knobs.on("bookie.no_limbo")
+        self.write_after_delete = self.knobs.on("bookie.write_after_delete_accepted")
+        # ledgers deleted while fenced -> monotonic time of their last access (adds to them are refused)
+        self.fenced_deleted: dict[int, float] = {}
+        self.gc = GarbageCollector(self, max(0.05, cfg.gc_wait_time_ms / 1000.0))
         self.limbo: set[int] = set()       # ledgers this bookie lost in an earlier life
         self.cookie_state: str | None = None   # "new" / "ok" after the check; None: not checked
         self.journal = Journal(self.data_dir / "journal", sync_data=cfg.journal_sync_data,
@@ -174,7 +191,7 @@ class Bookie:
             elif rtype == T_FENCE:
                 st.set_fenced(ledger)
             elif rtype == T_DELETE:
-                st.delete(ledger)
+                self._forget_state(ledger)
         n = await asyncio.to_thread(self.journal.replay, ckpt, apply)
         log.info("bookie %s: checkpoint seq %d, replayed %d journal records (%d adds, %d fences, "
                  "%d deletes), %d ledgers", self.cfg.bookie_id, ckpt, n, counts[T_ADD],
@@ -196,6 +213,7 @@ class Bookie:
                  self.cfg.bookie_id, self.cfg.journal_sync_data, self.journal.ack_before_fsync)
         self._tasks.append(self.loop.create_task(self._checkpointer(), name="checkpointer"))
         self._tasks.append(self.loop.create_task(self._registration(), name="registration"))
+        self._tasks.append(self.loop.create_task(self.gc.run(), name="garbage-collector"))
         if self.cfg.http_port:
             self.http = await BookieHttpServer(self).start()    # /metrics, /heartbeat, state
         return self
@@ -425,6 +443,10 @@ class Bookie:
         if st is not None and st.fenced and not (flags & P.FLAG_RECOVERY_ADD) and not self.ignore_fence:
             conn.send(P.encode_response(P.ADD, P.FENCED, rid, ledger, entry))
             return
+        if st is None and self._fenced_and_deleted(ledger):
+            # deleted while fenced: not a new ledger (apache/bookkeeper#4462); no flag bypasses it
+            conn.send(P.encode_response(P.ADD, P.FENCED, rid, ledger, entry))
+            return
         lac, length, crc = P.ADD_BODY.unpack_from(body, 0)
         payload = body[P.ADD_BODY.size:]
         if crc32c.crc32c(payload) != crc:
@@ -554,15 +576,45 @@ class Bookie:
         if ledger not in self.storage.ledgers:
             conn.send(P.encode_response(P.DELETE, P.NO_SUCH_LEDGER, rid, ledger, P.INVALID_ENTRY))
             return
-        self.storage.delete(ledger)
-        if ledger in self.limbo:
-            self.limbo.discard(ledger)
-            self._write_limbo()
 
         def done(exc: BaseException | None) -> None:
             conn.send(P.encode_response(P.DELETE, P.OK if exc is None else P.ERROR, rid, ledger,
                                         P.INVALID_ENTRY))
-        self.journal.log_delete(ledger, done)
+        self.forget(ledger, "deleted by a client", done)
+
+    # -- deleted ledgers (a client's DELETE, garbage collection) ---------------------------
+    def forget(self, ledger: int, why: str, done=None) -> None:
+        """Drop a deleted ledger: its entries and state, its limbo mark; a journal record so that a
+        replay does not bring its entries back. A fenced ledger is remembered as fenced and deleted."""
+        fenced = self._forget_state(ledger)
+        log.info("bookie %s: ledger %d %s%s", self.cfg.bookie_id, ledger, why,
+                 "" if not fenced else (" (it was fenced: its fence is forgotten, bug knob)"
+                                        if self.write_after_delete else " (it was fenced: it stays fenced)"))
+        if ledger in self.limbo:
+            self.limbo.discard(ledger)
+            self._write_limbo()
+        self.journal.log_delete(ledger, done or (lambda exc: None))
+
+    def _forget_state(self, ledger: int) -> bool:
+        """Drop the ledger from storage; remember it if it was fenced (unless the knob). Whether it was."""
+        st = self.storage.ledgers.get(ledger)
+        fenced = st is not None and st.fenced
+        if fenced and not self.write_after_delete:
+            self.fenced_deleted[ledger] = time.monotonic()
+        self.storage.delete(ledger)
+        return fenced
+
+    def _fenced_and_deleted(self, ledger: int) -> bool:
+        """Whether the ledger was deleted while fenced (and not long ago); touches its entry."""
+        seen = self.fenced_deleted.get(ledger)
+        if seen is None:
+            return False
+        now = time.monotonic()
+        if now - seen > FENCED_DELETED_KEEP_S:
+            del self.fenced_deleted[ledger]
+            return False
+        self.fenced_deleted[ledger] = now      # expire after access, as BookKeeper's cache
+        return True
 
 
 async def serve(cfg: BookieConfig, stop: asyncio.Event) -> None:
