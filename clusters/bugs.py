@@ -83,12 +83,15 @@ _B2 = ("--workload ledger --nemesis none --bookies 4 --ensemble 2 --write-quorum
 _B12 = ("--workload ledger --nemesis kill:bookie --nemesis-interval 2 --ensemble 2 --write-quorum 1 "
         "--ack-quorum 1 --rate 400 --time-limit 30 --option recover_interval=20.0 --option slow_adds_ms=20 "
         "--option slow_metadata_ms=50")
-# B6: the owner of the topics paused for 12 s (a long stop-the-world pause), so its ZooKeeper session expires
-# and new producers' lookups make the other broker take its topics over; ledgers roll over by age every
-# 1.2 s and few messages are sent, so most of its topics' last ledgers are empty at the takeover (and are
-# deleted by the new owner); after the pause it writes the sends that reached it meanwhile to them
-_B6 = ("--workload log --nemesis pause:owner --nemesis-interval 12 --time-limit 40 --topics 8 --rate 8 "
-       "--client-lifetime 1 --broker-setting managedLedgerMaxLedgerRolloverTimeMinutes=0.02")
+# B6: the owner of some topics paused for 16 s (a stop-the-world pause), twice: its ZooKeeper session expires and
+# new producers' lookups (a producer lives 1 s) make the other broker take its topics over, recover their last
+# ledgers and delete the empty ones; ledgers roll over by age (1.2 s) and each topic gets a send every ~15 s, so
+# a topic's last ledger is empty at the pause; on resuming, the old owner writes the sends that reached it meanwhile
+# to those ledgers. Cursor positions written at most every 100 s, so that a cursor write does not find the takeover
+# first. (gcWaitTime stays at its default: the new owner's delete reaches the bookies directly.)
+_B6 = ("--workload log --nemesis pause:owner --nemesis-interval 16 --time-limit 60 --topics 16 --concurrency 30 "
+       "--rate 2 --client-lifetime 1 --broker-setting managedLedgerMaxLedgerRolloverTimeMinutes=0.02 "
+       "--broker-setting managedLedgerDefaultMarkDeleteRateLimit=0.01")
 # the extensible load manager's knobs (bench/README.md "Detection of the extensible load manager's bug knobs")
 _EXT = ("--workload balance --load-manager extensible --nemesis none --brokers 3 --topics 40 "
         "--lb-setting loadBalancerReportUpdateMinIntervalMillis=1000")
