@@ -17,13 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import Any
 
 from clusters.bookkeeper.metadata import ledger_path
 from clusters.metrics import REGISTRY
-
-if TYPE_CHECKING:
-    from .server import Bookie
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +31,8 @@ GC_LEDGERS = REGISTRY.counter("bookie_gc_deleted_ledgers_total",
 class GarbageCollector:
     """The scan-and-compare pass of one bookie, and the loop that runs it every `interval_s`."""
 
-    def __init__(self, bookie: "Bookie", interval_s: float):
+    def __init__(self, bookie: Any, interval_s: float):
+        """`bookie`: the server.Bookie it collects for (its storage, store, cfg and forget)."""
         self.bookie = bookie
         self.interval_s = interval_s
         self.passes = 0                   # completed passes
