@@ -273,6 +273,47 @@ def test_takeover_without_recovery_fencing_loses_acknowledged_entries(shared_boo
     run(scenario())
 
 
+
+def _bookie_ledgers(bookies) -> set[int]:
+    """Every ledger id the bookie processes store (their /api/v1/bookie/list_ledgers)."""
+    import urllib.request
+    out: set[int] = set()
+    for b in bookies.procs:
+        with urllib.request.urlopen(f"http://127.0.0.1:{b.cfg.http_port}/api/v1/bookie/list_ledgers",
+                                    timeout=5) as r:
+            out.update(json.loads(r.read())["ledgers"])
+    return out
+
+
+def test_takeover_deletes_the_old_owners_empty_ledger_and_its_late_add_is_refused(shared_bookies, shared_zk):
+    """A has written nothing to its ledger when B takes the topic over: B recovers it (fenced, closed
+    empty), leaves it out of the list and deletes it, metadata and bookies. A's late add to it is
+    refused as fenced: the bookies keep the fence of a ledger deleted while fenced
+    (apache/bookkeeper#4462; tests/bookie/test_gc.py has the knob that forgets it, and the ack)."""
+    name = ml_name()
+
+    async def scenario():
+        async with session(shared_zk, name="a") as (sa, bka), \
+                session(shared_zk, name="b") as (sb, bkb):
+            ml_a = await ManagedLedger.open(name, sa, bka, broker_cfg(name="broker-a"))
+            empty = (await ledger_list(sa, name))[-1]["ledger_id"]
+            ml_b = await ManagedLedger.open(name, sb, bkb, broker_cfg(name="broker-b"))
+            assert empty not in [x["ledger_id"] for x in await ledger_list(sb, name)]
+            for _ in range(200):        # B's delete reaches the bookies in the background
+                if empty not in set(await bkb.list_ledgers()) and \
+                        empty not in await asyncio.to_thread(_bookie_ledgers, shared_bookies):
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                pytest.fail(f"ledger {empty} was not deleted from the metadata and the bookies")
+            with pytest.raises(ManagedLedgerFenced):
+                await ml_a.add_entry(b"late")
+            assert ml_a.fenced
+            assert await read_all(ml_b) == []
+            await ml_b.close()
+    run(scenario())
+
+
 # 4 -----------------------------------------------------------------------------------------------
 def test_cursors_earliest_latest_mark_delete_and_reset(shared_bookies, shared_zk):
     name = ml_name()
