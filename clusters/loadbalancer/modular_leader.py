@@ -59,8 +59,8 @@ class ModularLeader:
         self.registrations: dict[str, dict[str, Any]] = {}   # brokers with a readable report
         self.urls: dict[str, str] = {}            # brokerId -> pulsarServiceUrl, of every broker seen
         self.affinity: dict[str, str] = {}        # bundle -> brokerId (unload with a destination)
-        # bundle -> (its destination, the other brokers' report times when the affinity was used): the
-        # moves under way, preallocated to their destination until its report shows the bundle
+        # bundle -> (its destination, the brokers' report times when the affinity was used): the moves
+        # under way, preallocated to their destination until its report shows the bundle
         self.moving: dict[str, tuple[str, dict[str, int]]] = {}
         self.recently_unloaded: dict[str, int] = {}   # bundle -> ms (the grace period)
         self.shedder: Any = None                  # the shedding strategy (keeps its state)
@@ -113,11 +113,15 @@ class ModularLeader:
         the bundle. The previous owner's report may still list it (written before the unload, it is
         rewritten only when it changed enough): that drops the preallocation in update_bundle_data, and
         is put right here. A move ends without its destination when the destination is gone, or when
-        another broker's report written after the move shows the bundle (it took the bundle after all)."""
+        both the destination's and another broker's reports were written since the move (another
+        lastUpdate, whichever way that broker's clock went) and only the other one shows the bundle: it
+        took the bundle after all (both, so that a report of the old owner sampled before the unload
+        and written just after the move does not end it)."""
         for bundle, (dest, seen) in list(self.moving.items()):
             bd = self.load_data.brokers.get(dest)
-            taken = any(b != dest and bundle in o.local.lastStats and o.local.lastUpdate > seen.get(b, -1)
-                        for b, o in self.load_data.brokers.items())
+            taken = bd is not None and bd.local.lastUpdate != seen.get(dest) and any(
+                b != dest and bundle in o.local.lastStats and o.local.lastUpdate != seen.get(b)
+                for b, o in self.load_data.brokers.items())
             if bd is None or bundle in bd.local.lastStats or taken:
                 del self.moving[bundle]
             elif self.load_data.preallocated_bundle_to_broker.get(bundle) != dest:
@@ -137,8 +141,7 @@ class ModularLeader:
             return Assign(None, "no-brokers")
         dest = self.affinity.pop(bundle, None)
         if dest in self.registrations and dest in self.load_data.brokers:
-            self.moving[bundle] = (dest, {b: bd.local.lastUpdate for b, bd in self.load_data.brokers.items()
-                                          if b != dest})
+            self.moving[bundle] = (dest, {b: bd.local.lastUpdate for b, bd in self.load_data.brokers.items()})
             self._preallocate(bundle, dest)
             return Assign(dest, "affinity")
         decision = select_broker(bundle, sorted(self.registrations), self.load_data, self.settings, self.rng,
