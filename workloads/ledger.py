@@ -28,9 +28,9 @@ The BookKeeper clients here are the system under test (the writer and the recove
 brokers), so they receive the run's bookkeeper-client bug knobs (`--bug bk....`); the final reads'
 client gets them too (its recoveries are the system's).
 
-Targeted faults (options, off by default): one request type to one bookie lost or late, between the
-client and the bookie (clusters/bookkeeper/channel.py `RequestFault`), the way a one-way network fault
-of one connection would do it. "The ledger's target bookie" is the one at index (ledger id mod E) of
+Targeted faults (options, off by default): one request type to one bookie lost, late or refused, between
+the client and the bookie (clusters/bookkeeper/channel.py `RequestFault`), the way a one-way network fault
+of one connection (or a bookie refusing one client's adds) would do it. "The ledger's target bookie" is the one at index (ledger id mod E) of
 its ensemble (so that it is the first in some ledgers and the last in others):
   lost_fence          the recoverer's fencing LAC read to the ledger's target bookie is lost (it never
                       arrives; coverage is reached without it)
