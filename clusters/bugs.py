@@ -83,6 +83,12 @@ _B2 = ("--workload ledger --nemesis none --bookies 4 --ensemble 2 --write-quorum
 _B12 = ("--workload ledger --nemesis kill:bookie --nemesis-interval 2 --ensemble 2 --write-quorum 1 "
         "--ack-quorum 1 --rate 400 --time-limit 30 --option recover_interval=20.0 --option slow_adds_ms=20 "
         "--option slow_metadata_ms=50")
+# B3: the issue's own example (E 3, Qw 3, Qa 2) on 6 bookies; the bookies of each ledger's first ensemble refuse
+# the writer's adds one after another, each refusal after the entry reached Qa, and the writer's metadata writes
+# are 4 s late, so that its three ensemble changes are in the store only seconds later; a recovery every ~4 s
+_B3 = ("--workload ledger --nemesis none --bookies 6 --ensemble 3 --write-quorum 3 --ack-quorum 2 --rate 200 "
+       "--time-limit 30 --option recover_interval=4.0 --option ledger_max_entries=0 "
+       "--option refused_adds_every=100 --option slow_metadata_ms=4000")
 # the extensible load manager's knobs (bench/README.md "Detection of the extensible load manager's bug knobs")
 _EXT = ("--workload balance --load-manager extensible --nemesis none --brokers 3 --topics 40 "
         "--lb-setting loadBalancerReportUpdateMinIntervalMillis=1000")
@@ -193,6 +199,14 @@ REGISTRY: Registry[Knob] = Registry("bug knob", {
                "entry is acknowledged with fewer than Qa copies in its new fragment and never re-sent",
         component="bookkeeper-client", issues=("apache/bookkeeper#3005", "apache/bookkeeper#3041"),
         scenario=_B12),
+    "bk.delayed_ensemble_change_local_only": Knob(
+        False, "with Qw > Qa, a bookie that fails an add after it reached Qa is replaced (when the next add is "
+               "sent) in the writer's local ensemble only, its metadata update left to the background while "
+               "acknowledgements go on (apache/bookkeeper#1591, fixed by #1592): with the metadata store slow, "
+               "successive failures move the whole write set to bookies the stored ensemble does not name, and a "
+               "recovery then closes the ledger without the entries acknowledged on them",
+        component="bookkeeper-client", issues=("apache/bookkeeper#1591", "apache/bookkeeper#1592"),
+        scenario=_B3),
     "broker.dedup_recovery_race": Knob(
         False, "deduplication's recovery can run twice at once and a topic can open before it ends "
                "(apache/pulsar#25954, fixed by #25953): the enable path marks the status Recovering only "
