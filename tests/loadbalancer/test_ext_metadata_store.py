@@ -319,3 +319,37 @@ def test_knob_a_stale_table_keeps_the_moved_bundle_two_owners(zk):
     assert b0.tv.session_events == ["SessionLost", "SessionReestablished"]
     assert b0.view.get(KEY).dstBroker == B0 and b1.view.get(KEY).dstBroker == B1     # the views disagree
     assert KEY in b0.serving and KEY in b1.serving              # two owners
+
+
+# ------------------------------------------------------------------------------------------ the channel checker
+
+def _store_history(final_view_of_b0: dict[str, Any]) -> list[Any]:
+    """A metadata-store observer's rows: the records as read (versions skipped between two reads: the
+    Releasing/Assigning of a move was not seen), B1's final view equal to the store, B0's as given."""
+    from core.history import OBSERVER_PROCESS, Op
+    from core.observations import CHANNEL_MESSAGE, CHANNEL_VIEW, OBSERVE_START, OBSERVE_STOP
+    ops: list[Op] = []
+
+    def row(f: str, key: str, value: Any) -> None:
+        ops.append(Op(process=OBSERVER_PROCESS, type="ok", f=f, key=key, value=value,
+                      time_ns=(len(ops) + 1) * 10 ** 9, index=len(ops)))
+    wall = 1_700_000_000_000
+    row(OBSERVE_START, "", {"source": "metadata-store", "ports": {B0: "broker-1", B1: "broker-2"}})
+    for zxid, r in ((10, rec(S.Assigning, B0)), (11, rec(S.Owned, B0, v=2)),
+                    (20, rec(S.Owned, B1, B0, v=5))):                  # Releasing v3, Assigning v4 unseen
+        row(CHANNEL_MESSAGE, KEY, {"message_id": [zxid, 0, -1], "publish_ms": wall + zxid * 1000,
+                                   "wall_ms": wall + zxid * 1000, "value": r.to_json()})
+    row(CHANNEL_VIEW, B1, {"broker": B1, "records": {KEY: rec(S.Owned, B1, B0, v=5).to_json()}, "final": True})
+    row(CHANNEL_VIEW, B0, {"broker": B0, "records": final_view_of_b0, "final": True})
+    row(OBSERVE_STOP, "", {"reason": "run ended", "wall_ms": wall + 30_000})
+    return ops
+
+
+def test_the_channel_checker_takes_the_stores_records_as_they_are_and_finds_a_stale_table():
+    from checkers.channel import check
+    ok = check(_store_history({KEY: rec(S.Owned, B1, B0, v=5).to_json()}))
+    assert ok.valid is True, ok.anomalies
+    assert ok.stats["convergence"] == {B0: "converged", B1: "converged"}
+    stale = check(_store_history({KEY: rec(S.Owned, B0, v=2).to_json()}))        # #24478: B0 kept its record
+    assert stale.valid is False and set(stale.anomalies) == {"view-not-converged"}
+    assert stale.anomalies["view-not-converged"][0]["broker"] == B0
