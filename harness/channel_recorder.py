@@ -642,8 +642,14 @@ class MetadataChannelRecorder(OwnershipRecorder):
             time.sleep(1.0)
 
 
-def table_view_of(cluster: dict[str, Any]) -> str:
-    """The brokers' `loadManagerServiceUnitStateTableViewClassName` by cluster.json (its short name)."""
+def table_view_of(cluster: dict[str, Any], view_fetch: Callable[[str], dict[str, Any]] = fetch_view) -> str:
+    """The brokers' table view (`loadManagerServiceUnitStateTableViewClassName`, its short name), as the first
+    broker that answers its channel view names it (`table_view`), else by cluster.json's spec, else the
+    system topic's."""
+    for _, url in brokers_of(cluster):
+        v = view_fetch(url)
+        if isinstance(v.get("table_view"), str):
+            return v["table_view"]
     lb = ((cluster.get("spec") or {}).get("lb_settings") or {})
     return str(lb.get("loadManagerServiceUnitStateTableViewClassName") or "ServiceUnitStateTableViewImpl").rsplit(".", 1)[-1]
 
@@ -654,10 +660,10 @@ def record(cluster: dict[str, Any], journal: Journal, *, timeout: float = START_
     channel within `timeout`): the topic's, or the metadata store's when the brokers keep the channel's
     records there."""
     kw.setdefault("brokers", brokers_of(cluster))
-    if table_view_of(cluster) == "ServiceUnitStateMetadataStoreTableViewImpl":
-        zk = cluster.get("zk_connect")
-        if not zk:
-            raise ChannelRecorderError("cluster.json names no zk_connect; fix: deploy the cluster through the runner")
+    zk = cluster.get("zk_connect")
+    if zk and table_view_of(cluster, kw.get("view_fetch", fetch_view)) == "ServiceUnitStateMetadataStoreTableViewImpl":
+        for k in ("client_factory", "drain_s", "topic", "max_reconnects"):      # the topic reader's
+            kw.pop(k, None)
         try:
             return MetadataChannelRecorder(zk, journal, nodes=nodes_of(cluster), **kw).start(timeout)
         except RecorderError as e:

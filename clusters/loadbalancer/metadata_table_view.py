@@ -142,7 +142,9 @@ class MetadataStoreTableView:
             self._spawn(self._rearm(new_session), "channel-table-rearm")
 
     def _session_lost(self) -> None:
-        self._loss_timer = None
+        if self._loss_timer is not None:
+            self._loss_timer.cancel()          # ZooKeeper said so first: the timer is not needed
+            self._loss_timer = None
         if self._lost or self._stopped:
             return
         self._lost = True

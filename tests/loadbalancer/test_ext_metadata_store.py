@@ -353,3 +353,23 @@ def test_the_channel_checker_takes_the_stores_records_as_they_are_and_finds_a_st
     stale = check(_store_history({KEY: rec(S.Owned, B0, v=2).to_json()}))        # #24478: B0 kept its record
     assert stale.valid is False and set(stale.anomalies) == {"view-not-converged"}
     assert stale.anomalies["view-not-converged"][0]["broker"] == B0
+
+
+def test_a_session_loss_zookeeper_reports_before_the_timeout_counts_once(zk):
+    """SUSPENDED starts the session-timeout clock (Pulsar's ZKSessionWatcher); a LOST from ZooKeeper before it
+    runs out is the loss, and the clock does not declare a second one after the new session."""
+    async def scenario() -> list[str]:
+        store = await MetadataStore(zk, name="b0").start()
+        b = Broker(store, B0, stale_cache=False, session_timeout_s=0.3)
+        run = asyncio.get_running_loop().create_task(b.tv.run())
+        try:
+            await until(lambda: b.tv._filled, 10, "the table filled")
+            for state in ("SUSPENDED", "LOST", "CONNECTED"):
+                b.tv._on_session(state)
+            await asyncio.sleep(0.8)
+            return b.tv.session_events
+        finally:
+            await b.tv.close()
+            run.cancel()
+            await store.close()
+    assert asyncio.run(scenario()) == ["SessionLost", "SessionReestablished"]
