@@ -17,6 +17,13 @@ assignments by several brokers race on the topic; its order and the version chec
 namespace `pulsar/system` (the channel itself, the load-data topics) is always the channel owner's,
 the load-balancer leader's (Pulsar's INTERNAL_TOPICS), outside the channel.
 
+Where the records live is the table view's (loadManagerServiceUnitStateTableViewClassName), behind one
+interface (`run`, `put`, `close`): `SystemTopicTableView` (ServiceUnitStateTableViewImpl, the default:
+the topic above, its messages into `apply`) or metadata_table_view.MetadataStoreTableView
+(ServiceUnitStateMetadataStoreTableViewImpl: one znode per bundle, its changed records into `on_record`,
+its fills into `on_existing`, a lost metadata session into `on_invalidated`). The handlers, the lookups
+and the waiting are the same for both.
+
 Bundle boundaries, `bundle(topic)` and friends are ZkOwnership's (the namespace's local policies);
 only who owns a bundle differs.
 """
