@@ -101,6 +101,12 @@ _EXT_RESTART = (f"{_EXT} --nemesis-schedule bench/lb_restart_schedule.toml --tim
                 "--lb-setting defaultNumberOfNamespaceBundles=12 "
                 "--lb-setting loadBalancerInFlightServiceUnitStateWaitingTimeInMillis=5000 "
                 "--lb-setting loadBalancerServiceUnitStateMonitorIntervalInSeconds=120")
+# the channel's records in ZooKeeper (ServiceUnitStateMetadataStoreTableViewImpl); a topic's owner cut from
+# ZooKeeper for 12 s (past its 6-s session) twice; the leader's ownership monitor every 2 s (Pulsar: 60)
+_EXT_METADATA = ("--workload balance --load-manager extensible --nemesis zk-isolate --nemesis-interval 12 "
+                 "--time-limit 36 --brokers 3 --topics 40 --lb-setting loadBalancerReportUpdateMinIntervalMillis=1000 "
+                 "--lb-setting loadManagerServiceUnitStateTableViewClassName=ServiceUnitStateMetadataStoreTableViewImpl "
+                 "--lb-setting loadBalancerServiceUnitStateMonitorIntervalInSeconds=2")
 
 # the order is the order of `pulsar-chaos bugs`
 REGISTRY: Registry[Knob] = Registry("bug knob", {
@@ -257,6 +263,14 @@ REGISTRY: Registry[Knob] = Registry("bug knob", {
                "history, not an Assigning to itself, so a bundle assigned to it while it was down stays Assigning "
                "until the leader's ownership monitor overrides it (apache/pulsar#25379)",
         component="load-balancer", issues=("apache/pulsar#25379",), scenario=_EXT_RESTART),
+    "lb.metadata_table_view_stale_cache": Knob(
+        False, "the extensible load manager's metadata-store table view (ServiceUnitStateMetadataStoreTableViewImpl) "
+               "ignores its ZooKeeper session's loss, as before apache/pulsar#24478: it neither drops its records "
+               "(closing the bundles it owned by them) when the session is lost nor reads the znodes again on the "
+               "new session, so what changed meanwhile is never seen; a broker whose bundles the leader moved while "
+               "it was cut from ZooKeeper still owns them by its table and serves them beside the new owner: "
+               "two owners",
+        component="load-balancer", issues=("apache/pulsar#24478",), scenario=_EXT_METADATA),
 })
 KNOBS = REGISTRY        # the name callers used before the registry
 
