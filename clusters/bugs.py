@@ -83,6 +83,12 @@ _B2 = ("--workload ledger --nemesis none --bookies 4 --ensemble 2 --write-quorum
 _B12 = ("--workload ledger --nemesis kill:bookie --nemesis-interval 2 --ensemble 2 --write-quorum 1 "
         "--ack-quorum 1 --rate 400 --time-limit 30 --option recover_interval=20.0 --option slow_adds_ms=20 "
         "--option slow_metadata_ms=50")
+# B3: the issue's own example (E 3, Qw 3, Qa 2) on 6 bookies; the bookies of each ledger's first ensemble refuse
+# the writer's adds one after another, each refusal after the entry reached Qa, and the writer's metadata writes
+# are 4 s late, so that its three ensemble changes are in the store only seconds later; a recovery every ~4 s
+_B3 = ("--workload ledger --nemesis none --bookies 6 --ensemble 3 --write-quorum 3 --ack-quorum 2 --rate 200 "
+       "--time-limit 30 --option recover_interval=4.0 --option ledger_max_entries=0 "
+       "--option refused_adds_every=100 --option slow_metadata_ms=4000")
 # B6: the owner of some topics paused for 16 s (a stop-the-world pause), twice: its ZooKeeper session expires and
 # new producers' lookups (a producer lives 1 s) make the other broker take its topics over, recover their last
 # ledgers and delete the empty ones; ledgers roll over by age (1.2 s) and each topic gets a send every ~15 s, so
@@ -104,6 +110,12 @@ _EXT_RESTART = (f"{_EXT} --nemesis-schedule bench/lb_restart_schedule.toml --tim
                 "--lb-setting defaultNumberOfNamespaceBundles=12 "
                 "--lb-setting loadBalancerInFlightServiceUnitStateWaitingTimeInMillis=5000 "
                 "--lb-setting loadBalancerServiceUnitStateMonitorIntervalInSeconds=120")
+# the channel's records in ZooKeeper (ServiceUnitStateMetadataStoreTableViewImpl); a topic's owner cut from
+# ZooKeeper for 12 s (past its 6-s session) twice; the leader's ownership monitor every 2 s (Pulsar: 60)
+_EXT_METADATA = ("--workload balance --load-manager extensible --nemesis zk-isolate --nemesis-interval 12 "
+                 "--time-limit 36 --brokers 3 --topics 40 --lb-setting loadBalancerReportUpdateMinIntervalMillis=1000 "
+                 "--lb-setting loadManagerServiceUnitStateTableViewClassName=ServiceUnitStateMetadataStoreTableViewImpl "
+                 "--lb-setting loadBalancerServiceUnitStateMonitorIntervalInSeconds=2")
 
 # the order is the order of `pulsar-chaos bugs`
 REGISTRY: Registry[Knob] = Registry("bug knob", {
@@ -202,6 +214,14 @@ REGISTRY: Registry[Knob] = Registry("bug knob", {
                "entry is acknowledged with fewer than Qa copies in its new fragment and never re-sent",
         component="bookkeeper-client", issues=("apache/bookkeeper#3005", "apache/bookkeeper#3041"),
         scenario=_B12),
+    "bk.delayed_ensemble_change_local_only": Knob(
+        False, "with Qw > Qa, a bookie that fails an add after it reached Qa is replaced (when the next add is "
+               "sent) in the writer's local ensemble only, its metadata update left to the background while "
+               "acknowledgements go on (apache/bookkeeper#1591, fixed by #1592): with the metadata store slow, "
+               "successive failures move the whole write set to bookies the stored ensemble does not name, and a "
+               "recovery then closes the ledger without the entries acknowledged on them",
+        component="bookkeeper-client", issues=("apache/bookkeeper#1591", "apache/bookkeeper#1592"),
+        scenario=_B3),
     "bookie.write_after_delete_accepted": Knob(
         False, "a bookie forgets a ledger's fence when the ledger is deleted (a client's delete, or garbage "
                "collection once its metadata is gone) and takes a later add to it for the first add of a new "
@@ -259,6 +279,14 @@ REGISTRY: Registry[Knob] = Registry("bug knob", {
                "history, not an Assigning to itself, so a bundle assigned to it while it was down stays Assigning "
                "until the leader's ownership monitor overrides it (apache/pulsar#25379)",
         component="load-balancer", issues=("apache/pulsar#25379",), scenario=_EXT_RESTART),
+    "lb.metadata_table_view_stale_cache": Knob(
+        False, "the extensible load manager's metadata-store table view (ServiceUnitStateMetadataStoreTableViewImpl) "
+               "ignores its ZooKeeper session's loss, as before apache/pulsar#24478: it neither drops its records "
+               "(closing the bundles it owned by them) when the session is lost nor reads the znodes again on the "
+               "new session, so what changed meanwhile is never seen; a broker whose bundles the leader moved while "
+               "it was cut from ZooKeeper still owns them by its table and serves them beside the new owner: "
+               "two owners",
+        component="load-balancer", issues=("apache/pulsar#24478",), scenario=_EXT_METADATA),
 })
 KNOBS = REGISTRY        # the name callers used before the registry
 
