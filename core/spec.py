@@ -52,6 +52,9 @@ class Catalog(Protocol):
     def broker_settings_problem(self, settings: Mapping[str, Any]) -> tuple[str, str] | None:
         """(problem, fix) if the broker settings are not names and values the brokers take; None if fine."""
 
+    def bookie_settings_problem(self, settings: Mapping[str, Any]) -> tuple[str, str] | None:
+        """(problem, fix) if the bookie settings are not names and values the bookies take; None if fine."""
+
 
 def _fault_problem(name: Any, catalog: Catalog | None) -> tuple[str, str] | None:
     """Why `name` is not a fault name (a word, or NAME:PARAM), asking the catalog when there is one."""
@@ -96,6 +99,8 @@ class TestSpec:
     lb_settings: dict[str, Any] = field(default_factory=dict)
     # broker settings under Pulsar's names, e.g. managedLedgerMaxLedgerRolloverTimeMinutes = 0.02
     broker_settings: dict[str, Any] = field(default_factory=dict)
+    # bookie settings under BookKeeper's names, e.g. gcWaitTime = 1000
+    bookie_settings: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)   # the workload's options (its OPTIONS)
     seed: int = 0                           # 0: pick one at random (recorded in test.toml)
     results_dir: str = "results"
@@ -191,6 +196,14 @@ class TestSpec:
             problem = check(self.broker_settings)
             if problem is not None:
                 raise err("broker_settings", *problem)
+        if not isinstance(self.bookie_settings, dict):
+            raise err("bookie_settings", "must be a table of setting = value",
+                      "write e.g. [bookie_settings] gcWaitTime = 1000")
+        check = getattr(catalog, "bookie_settings_problem", None) if self.bookie_settings else None
+        if check is not None:
+            problem = check(self.bookie_settings)
+            if problem is not None:
+                raise err("bookie_settings", *problem)
         if self.expected not in ("", "valid", "invalid"):
             raise err("expected", f"must be valid or invalid, not {self.expected!r}",
                       'write expected = "invalid" (with expected_reason = "why"), or leave it out')

@@ -75,5 +75,13 @@ class RegistryCatalog:
             return (str(e), "use one of the names clusters/broker/settings.py lists, with a number")
         return None
 
+    def bookie_settings_problem(self, settings: Mapping[str, Any]) -> tuple[str, str] | None:
+        from clusters.bookie.settings import bookie_config
+        try:
+            bookie_config(settings)
+        except ValueError as e:
+            return (str(e), "use one of the names clusters/bookie/settings.py lists, with a number")
+        return None
+
 
 CATALOG = RegistryCatalog()

@@ -143,3 +143,14 @@ def test_collection_keeps_everything_when_the_metadata_cannot_be_listed(zk, tmp_
 
     dropped, kept = asyncio.run(go())
     assert dropped == [] and kept
+
+
+def test_gc_wait_time_is_a_bookie_setting_under_bookkeepers_name():
+    """`pulsar-chaos run --bookie-setting gcWaitTime=MS` (clusters/bookie/settings.py) sets the interval."""
+    from clusters.bookie.settings import bookie_config
+    assert bookie_config({"gcWaitTime": "1000"}) == {"gc_wait_time_ms": 1000}
+    assert BookieConfig(name="b", host="127.0.0.1", zk="", data_dir="/x").gc_wait_time_ms == 600_000
+    for bad, words in (({"gcWaitTim": 1}, "did you mean 'gcWaitTime'"), ({"gcWaitTime": "soon"}, "not a number"),
+                       ({"gcWaitTime": 0}, "positive whole number"), ({"gcWaitTime": 1.5}, "positive whole number")):
+        with pytest.raises(ValueError, match=words):
+            bookie_config(bad)

@@ -72,6 +72,9 @@ def test_malformed_spec_file_exits_254_without_run_folder(tmp_path, toml, words)
      ["--broker-setting", "unknown broker setting", "managedLedgerMaxLedgerRolloverTimeMinutes"]),
     (["--broker-setting", "managedLedgerMaxEntriesPerLedger=lots"], ["--broker-setting", "not a number"]),
     (["--broker-setting", "managedLedgerMaxEntriesPerLedger"], ["--broker-setting", "NAME=VALUE"]),
+    (["--bookie-setting", "gcWaitTim=1000"], ["--bookie-setting", "unknown bookie setting", "gcWaitTime"]),
+    (["--bookie-setting", "gcWaitTime=0"], ["--bookie-setting", "positive whole number"]),
+    (["--bookie-setting", "gcWaitTime"], ["--bookie-setting", "NAME=VALUE"]),
 ])
 def test_bad_flag_exits_254_without_run_folder(tmp_path, args, words):
     out = run("run", "--results-dir", str(tmp_path / "results"), *args)
@@ -108,7 +111,8 @@ def test_flags_override_the_toml_and_only_flags_given(tmp_path):
 def test_test_toml_round_trips_to_the_same_resolved_spec(tmp_path):
     spec = Spec(test_name="rt", nemesis=["kill", "pause"], time_limit=12.5, rate=33.0, concurrency=4,
                 bugs={"bookie.ack_before_fsync": True}, results_dir=str(tmp_path),
-                broker_settings={"managedLedgerMaxLedgerRolloverTimeMinutes": 0.5}).validate(catalog=CATALOG).resolved()
+                broker_settings={"managedLedgerMaxLedgerRolloverTimeMinutes": 0.5},
+                bookie_settings={"gcWaitTime": 1000}).validate(catalog=CATALOG).resolved()
     assert spec.seed > 0
     run_dir = store.create_run_dir(tmp_path, spec.test_name)
     path = store.write_test_toml(run_dir, spec)
