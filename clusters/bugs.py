@@ -94,10 +94,10 @@ _B3 = ("--workload ledger --nemesis none --bookies 6 --ensemble 3 --write-quorum
 # ledgers and delete the empty ones; ledgers roll over by age (1.2 s) and each topic gets a send every ~15 s, so
 # a topic's last ledger is empty at the pause; on resuming, the old owner writes the sends that reached it meanwhile
 # to those ledgers. Cursor positions written at most every 100 s, so that a cursor write does not find the takeover
-# first. (gcWaitTime stays at its default: the new owner's delete reaches the bookies directly.)
+# first. The bookies garbage-collect deleted ledgers every second (gcWaitTime; BookKeeper's default is 10 min).
 _B6 = ("--workload log --nemesis pause:owner --nemesis-interval 16 --time-limit 60 --topics 16 --concurrency 30 "
        "--rate 2 --client-lifetime 1 --broker-setting managedLedgerMaxLedgerRolloverTimeMinutes=0.02 "
-       "--broker-setting managedLedgerDefaultMarkDeleteRateLimit=0.01")
+       "--broker-setting managedLedgerDefaultMarkDeleteRateLimit=0.01 --bookie-setting gcWaitTime=1000")
 # the extensible load manager's knobs (bench/README.md "Detection of the extensible load manager's bug knobs")
 _EXT = ("--workload balance --load-manager extensible --nemesis none --brokers 3 --topics 40 "
         "--lb-setting loadBalancerReportUpdateMinIntervalMillis=1000")

@@ -210,12 +210,12 @@ def _detection_rows() -> list:
 
 
 FIELDS = ("workload", "nemesis", "nemesis_interval", "time_limit", "options", "brokers", "topics", "lb_settings",
-          "broker_settings")
+          "broker_settings", "bookie_settings")
 
 
 def _fields(spec) -> dict:
     out = {f: getattr(spec, f) for f in FIELDS}
-    for table in ("lb_settings", "broker_settings"):          # --lb-setting / --broker-setting give text
+    for table in ("lb_settings", "broker_settings", "bookie_settings"):      # the --*-setting flags give text
         out[table] = {k: str(v) for k, v in out[table].items()}
     return out
 
