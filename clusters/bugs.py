@@ -94,6 +94,15 @@ _B12 = ("--workload ledger --nemesis kill:bookie --nemesis-interval 2 --ensemble
 # acknowledgement has made the cursor write its position again
 _B11 = ("--workload queue --option subscribe_ahead_s=12 --nemesis kill:owner --nemesis-interval 5 "
         "--time-limit 30 --topics 1")
+# B7 (#26197): every broker cut from ZooKeeper for 10 s (a ZooKeeper outage: every session expires), three
+# bundles on two brokers, producers kept (no lookups while cut). As the sessions return, each broker's stale
+# unloads close its topics and their clients look up at once: the first broker back is the only one
+# registered, and the other holds fewer bundles of the namespace, so a broker is handed its own bundle back
+# 0.15-0.5 s after its stale unload began; 120 topics (40 a bundle) keep the unloads running that long (with
+# 20 they had often ended; with one broker cut, the other, registered all along, always got the bundle)
+_B7 = ("--workload balance --nemesis zk-isolate:all-broker --nemesis-interval 10 --time-limit 45 --client-lifetime 0 "
+       "--brokers 2 --topics 120 --lb-setting loadBalancerReportUpdateMinIntervalMillis=1000 "
+       "--lb-setting defaultNumberOfNamespaceBundles=3")
 # the extensible load manager's knobs (bench/README.md "Detection of the extensible load manager's bug knobs")
 _EXT = ("--workload balance --load-manager extensible --nemesis none --brokers 3 --topics 40 "
         "--lb-setting loadBalancerReportUpdateMinIntervalMillis=1000")
@@ -235,9 +244,7 @@ REGISTRY: Registry[Knob] = Registry("bug knob", {
                "(apache/pulsar#26197): a lookup that re-acquired the bundle meanwhile keeps serving it without "
                "a lock, and another broker acquires it too: two owners",
         component="broker", issues=("apache/pulsar#26197",),
-        scenario="--workload balance --nemesis zk-isolate --nemesis-interval 10 --time-limit 45 --client-lifetime 0 "
-                 "--brokers 2 --topics 20 --lb-setting loadBalancerReportUpdateMinIntervalMillis=1000 "
-                 "--lb-setting defaultNumberOfNamespaceBundles=1"),
+        scenario=_B7),
     "lb.no_version_check": Knob(
         False, "the extensible load manager's table views resolve channel messages without the versionId rule "
                "(before apache/pulsar#19620), so a delayed message of an older version from a partitioned broker "
