@@ -186,7 +186,7 @@ def test_pulsar_chaos_bugs_filters_by_component_and_prints_json(capsys):
     assert cli.main(["bugs", "--json", "--component", "bookie"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert [g["name"] for g in got] == ["bookie.ack_before_fsync", "bookie.ignore_fence", "bookie.no_cookie",
-                                        "bookie.no_limbo"]
+                                        "bookie.no_limbo", "bk.corrupt_log_says_nosuchentry"]
     assert got[0] == {"name": "bookie.ack_before_fsync", "component": "bookie", "default": False, "issues": [],
                       "scenario": REGISTRY["bookie.ack_before_fsync"].scenario,
                       "help": REGISTRY["bookie.ack_before_fsync"].help}
