@@ -48,7 +48,8 @@ SCENARIOS: dict[str, list[str]] = {
         "--lb-setting", "loadBalancerBundleUnloadMinThroughputThreshold=0"],
 }
 # the extensible load manager's: their registry scenarios (two share one)
-EXTENSIBLE_KNOBS = ("lb.no_version_check", "lb.tombstone_split_parent", "lb.ignore_existing_assigning")
+EXTENSIBLE_KNOBS = ("lb.no_version_check", "lb.tombstone_split_parent", "lb.ignore_existing_assigning",
+                    "lb.metadata_table_view_stale_cache")
 
 
 def _registry_scenarios() -> None:

@@ -75,6 +75,15 @@ Anomalies (each names the bundle, the messages (their ids, rows and records) and
   splitServiceUnitToDestBroker with no record when the split began) whose first accepted record is not
   Owned by the parent's owner (the Splitting record's sourceBroker).
 
+When the channel's records are znodes (ServiceUnitStateMetadataStoreTableViewImpl; the recorder's
+`observe-start` says `"source": "metadata-store"`), a `channel-message` row is a record read from its znode
+(message id `[mzxid, 0, -1]`): `StoreOracle` takes each as the bundle's record (the store's resolver passed
+it; writes between two reads are not seen), the views carry no `last_applied` and are judged at the end
+only (`view-not-converged`: records that differ from the store's final table; apache/pulsar#24478's
+stale table), and the rules on the records' sequence (versions, double owners, in-flight times) hold as
+they are. A split's children have no record there until assigned (the store refuses Init -> Owned), so
+`split-incomplete` and `split-child-elsewhere` do not apply to such runs.
+
 The verdict is False on any invalid case, else "unknown" when the history has no `channel-message` row
 (the observer did not run), else True. Stats: message and rejection counts (by reason), version gaps,
 bundles, views sampled/judged/unjudged by reason per broker, in-flight durations, splits.
@@ -237,6 +246,25 @@ class Oracle:
         return True, None, prev, rec
 
 
+class StoreOracle(Oracle):
+    """The table when the channel's records are znodes (the recorder's `observe-start` says
+    `"source": "metadata-store"`): the store's resolver ran on every write, and the observer sees only the
+    record each read finds (writes between two reads are not seen), so a record read is the bundle's record
+    as it is, not a message to judge: every decodable record is accepted, a tombstone removes it."""
+
+    def apply(self, key: str, raw: Any, tombstone: bool) -> tuple[bool, str | None, dict | None, dict | None]:
+        prev = self.table.get(key)
+        if tombstone:
+            self.table.pop(key, None)
+            return True, None, prev, None
+        try:
+            rec = record(raw)
+        except RecordError:
+            return False, UNDECODABLE, prev, None
+        self.table[key] = rec
+        return True, None, prev, rec
+
+
 def fast_key(raw: Any) -> Any:
     """A key of a record's JSON, equal for two values exactly when `record` makes equal records of them
     (defaults filled, the types of the numbers kept); None when it is not an object. It may hold lists
@@ -327,6 +355,7 @@ class _ChannelCheck(OpRefs):
         self.split_done: dict[str, _Msg] = {}                          # a split parent -> its Deleted
         self.settle_ns = float(o.get("fault_settle_s") or 0) * 1e9
         self.ports: dict[str, str] = {}
+        self.store_mode = False        # the records are znodes (see StoreOracle)
         self.msgs: list[_Msg] = []
         self.duplicates = 0
         self.bad_rows = 0
@@ -362,6 +391,7 @@ class _ChannelCheck(OpRefs):
             self.last_obs_ns = max(self.last_obs_ns, op.time_ns)
             if op.f == OBSERVE_START:
                 self.ports.update({str(k): str(x) for k, x in (v.get("ports") or {}).items()})
+                self.store_mode = self.store_mode or v.get("source") == "metadata-store"
             elif op.f == OBSERVE_STOP:
                 self.stop_op = op
             elif op.f == GAP_START:
@@ -422,7 +452,7 @@ class _ChannelCheck(OpRefs):
     # ------------------------------------------------------------------------------------- the replay
 
     def _replay(self) -> None:
-        oracle = Oracle()
+        oracle = StoreOracle() if self.store_mode else Oracle()
         last_v: dict[str, int] = {}                       # bundle -> last accepted versionId
         before_tomb: dict[str, int] = {}                  # bundle -> its last versionId before its tombstone
         made_by: dict[str, _Msg] = {}                     # bundle -> the message of its current record
@@ -657,6 +687,8 @@ class _ChannelCheck(OpRefs):
                 if child_of.get(ck) == key:
                     child_of.pop(ck)
             missing = [ck for ck, first in sp["children"].items() if first is None and ck not in sp["existing"]]
+            if self.store_mode:
+                missing = []           # the store refuses the children's Owned: they are assigned later
             if rec is not None and rec["state"] == DELETED and not missing:
                 self.splits["completed"] += 1
                 self.split_done[key] = m
@@ -673,7 +705,7 @@ class _ChannelCheck(OpRefs):
             psp = splits[parent]
             child_of.pop(key)
             psp["children"][key] = m
-            if rec is None or rec["state"] != OWNED or rec["dstBroker"] != psp["src"]:
+            if (rec is None or rec["state"] != OWNED or rec["dstBroker"] != psp["src"]) and not self.store_mode:
                 self.cases["split-child-elsewhere"].add(lambda: {
                     "bundle": key, "parent": parent, "parent_owner": [psp["src"], self.node(psp["src"])],
                     "why": f"its first record is {state_of(rec)} by "
@@ -819,6 +851,8 @@ class _ChannelCheck(OpRefs):
                 self.convergence[broker] = "not judged: the observer did not read its last applied message"
                 continue
             diffs = sorted(k for k in set(recs) | set(self.final) if not same_record(recs.get(k), self.final.get(k)))
+            if self.store_mode and "last_applied" not in v:
+                pos = end              # znodes have no position: the records alone are compared
             if pos == end and not diffs:
                 self.convergence[broker] = "converged"
                 continue

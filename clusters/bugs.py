@@ -12,6 +12,12 @@ its node's `bugs` map and the component's name, at construction (`Knobs(cfg.bugs
 owner's `knobs.of("bookkeeper-client")`), and asks it `knobs.on("broker.schema_no_cas")`. It refuses an
 unknown knob and a knob of another component, so a typo cannot silently read the default.
 docs/extending.md has the recipe for a new knob.
+
+A reported bug whose cause is not understood upstream gets no knob (a guessed mechanism would prove
+nothing about the harness); bench/README.md "Four real Pulsar bugs as knobs" keeps a row for each with
+the reason: apache/pulsar#20968 (rolling broker restarts lose data: open, not reproduced by the
+maintainers, no fix) and apache/pulsar#22709 (acknowledgements lost when bookies and brokers restart:
+closed without a reproducer or a fix naming a mechanism).
 """
 from __future__ import annotations
 
@@ -83,6 +89,26 @@ _B2 = ("--workload ledger --nemesis none --bookies 4 --ensemble 2 --write-quorum
 _B12 = ("--workload ledger --nemesis kill:bookie --nemesis-interval 2 --ensemble 2 --write-quorum 1 "
         "--ack-quorum 1 --rate 400 --time-limit 30 --option recover_interval=20.0 --option slow_adds_ms=20 "
         "--option slow_metadata_ms=50")
+# B3: the issue's own example (E 3, Qw 3, Qa 2) on 6 bookies; the bookies of each ledger's first ensemble refuse
+# the writer's adds one after another, each refusal after the entry reached Qa, and the writer's metadata writes
+# are 4 s late, so that its three ensemble changes are in the store only seconds later; a recovery every ~4 s
+_B3 = ("--workload ledger --nemesis none --bookies 6 --ensemble 3 --write-quorum 3 --ack-quorum 2 --rate 200 "
+       "--time-limit 30 --option recover_interval=4.0 --option ledger_max_entries=0 "
+       "--option refused_adds_every=100 --option slow_metadata_ms=4000")
+# B11 (apache/pulsar#18236's own steps): the queue's subscription created by the admin API at the latest
+# position before anything is sent, its consumers only 12 s later; the owner killed at 5 s, before any
+# acknowledgement has made the cursor write its position again
+_B11 = ("--workload queue --option subscribe_ahead_s=12 --nemesis kill:owner --nemesis-interval 5 "
+        "--time-limit 30 --topics 1")
+# B7 (#26197): every broker cut from ZooKeeper for 10 s (a ZooKeeper outage: every session expires), three
+# bundles on two brokers, producers kept (no lookups while cut). As the sessions return, each broker's stale
+# unloads close its topics and their clients look up at once: the first broker back is the only one
+# registered, and the other holds fewer bundles of the namespace, so a broker is handed its own bundle back
+# 0.15-0.5 s after its stale unload began; 120 topics (40 a bundle) keep the unloads running that long (with
+# 20 they had often ended; with one broker cut, the other, registered all along, always got the bundle)
+_B7 = ("--workload balance --nemesis zk-isolate:all-broker --nemesis-interval 10 --time-limit 45 --client-lifetime 0 "
+       "--brokers 2 --topics 120 --lb-setting loadBalancerReportUpdateMinIntervalMillis=1000 "
+       "--lb-setting defaultNumberOfNamespaceBundles=3")
 # B5: two bookies, E = Qw = Qa = 2, 20 messages/s (gaps between entries, so that the last entry acknowledged
 # is often above every LAC the bookies hold); the owner of the one topic killed (its ledger left open), then
 # bookie-1 restarted on a truncated newest entry log and bookie-2 killed for 8 s, so the new owner's
@@ -101,6 +127,12 @@ _EXT_RESTART = (f"{_EXT} --nemesis-schedule bench/lb_restart_schedule.toml --tim
                 "--lb-setting defaultNumberOfNamespaceBundles=12 "
                 "--lb-setting loadBalancerInFlightServiceUnitStateWaitingTimeInMillis=5000 "
                 "--lb-setting loadBalancerServiceUnitStateMonitorIntervalInSeconds=120")
+# the channel's records in ZooKeeper (ServiceUnitStateMetadataStoreTableViewImpl); a topic's owner cut from
+# ZooKeeper for 12 s (past its 6-s session) twice; the leader's ownership monitor every 2 s (Pulsar: 60)
+_EXT_METADATA = ("--workload balance --load-manager extensible --nemesis zk-isolate --nemesis-interval 12 "
+                 "--time-limit 36 --brokers 3 --topics 40 --lb-setting loadBalancerReportUpdateMinIntervalMillis=1000 "
+                 "--lb-setting loadManagerServiceUnitStateTableViewClassName=ServiceUnitStateMetadataStoreTableViewImpl "
+                 "--lb-setting loadBalancerServiceUnitStateMonitorIntervalInSeconds=2")
 
 # the order is the order of `pulsar-chaos bugs`
 REGISTRY: Registry[Knob] = Registry("bug knob", {
@@ -199,6 +231,14 @@ REGISTRY: Registry[Knob] = Registry("bug knob", {
                "entry is acknowledged with fewer than Qa copies in its new fragment and never re-sent",
         component="bookkeeper-client", issues=("apache/bookkeeper#3005", "apache/bookkeeper#3041"),
         scenario=_B12),
+    "bk.delayed_ensemble_change_local_only": Knob(
+        False, "with Qw > Qa, a bookie that fails an add after it reached Qa is replaced (when the next add is "
+               "sent) in the writer's local ensemble only, its metadata update left to the background while "
+               "acknowledgements go on (apache/bookkeeper#1591, fixed by #1592): with the metadata store slow, "
+               "successive failures move the whole write set to bookies the stored ensemble does not name, and a "
+               "recovery then closes the ledger without the entries acknowledged on them",
+        component="bookkeeper-client", issues=("apache/bookkeeper#1591", "apache/bookkeeper#1592"),
+        scenario=_B3),
     "broker.dedup_recovery_race": Knob(
         False, "deduplication's recovery can run twice at once and a topic can open before it ends "
                "(apache/pulsar#25954, fixed by #25953): the enable path marks the status Recovering only "
@@ -215,7 +255,7 @@ REGISTRY: Registry[Knob] = Registry("bug knob", {
                "#18237; Pulsar's internalResetCursor): a broker killed before the cursor's next write leaves "
                "the next owner a subscription that skips an entry nobody acknowledged",
         component="managed-ledger", issues=("apache/pulsar#18236", "apache/pulsar#18237"),
-        scenario="--workload exactly-once --nemesis kill:owner --nemesis-interval 5 --time-limit 40"),
+        scenario=_B11),
     "broker.rollover_race_creates_two_ledgers": Knob(
         False, "the time-based rollover check (managedLedgerMaxLedgerRolloverTimeMinutes) also acts while the "
                "next ledger is being created, so a second ledger is created beside it (apache/pulsar#12221, "
@@ -230,9 +270,7 @@ REGISTRY: Registry[Knob] = Registry("bug knob", {
                "(apache/pulsar#26197): a lookup that re-acquired the bundle meanwhile keeps serving it without "
                "a lock, and another broker acquires it too: two owners",
         component="broker", issues=("apache/pulsar#26197",),
-        scenario="--workload balance --nemesis zk-isolate --nemesis-interval 10 --time-limit 45 --client-lifetime 0 "
-                 "--brokers 2 --topics 20 --lb-setting loadBalancerReportUpdateMinIntervalMillis=1000 "
-                 "--lb-setting defaultNumberOfNamespaceBundles=1"),
+        scenario=_B7),
     "bk.corrupt_log_says_nosuchentry": Knob(
         False, "a bookie whose entry log cannot give back an entry its index lists (a truncated log, a "
                "checksum mismatch) answers 'no such entry' instead of an I/O error (BookKeeper before "
@@ -256,6 +294,14 @@ REGISTRY: Registry[Knob] = Registry("bug knob", {
                "history, not an Assigning to itself, so a bundle assigned to it while it was down stays Assigning "
                "until the leader's ownership monitor overrides it (apache/pulsar#25379)",
         component="load-balancer", issues=("apache/pulsar#25379",), scenario=_EXT_RESTART),
+    "lb.metadata_table_view_stale_cache": Knob(
+        False, "the extensible load manager's metadata-store table view (ServiceUnitStateMetadataStoreTableViewImpl) "
+               "ignores its ZooKeeper session's loss, as before apache/pulsar#24478: it neither drops its records "
+               "(closing the bundles it owned by them) when the session is lost nor reads the znodes again on the "
+               "new session, so what changed meanwhile is never seen; a broker whose bundles the leader moved while "
+               "it was cut from ZooKeeper still owns them by its table and serves them beside the new owner: "
+               "two owners",
+        component="load-balancer", issues=("apache/pulsar#24478",), scenario=_EXT_METADATA),
 })
 KNOBS = REGISTRY        # the name callers used before the registry
 

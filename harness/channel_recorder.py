@@ -34,11 +34,24 @@ import urllib.error
 import urllib.request
 from typing import Any, Callable
 
-from checkers.channel import Oracle, owner_of
+from checkers.channel import Oracle, RecordError, owner_of
+from checkers.channel import record as channel_record
 from core.history import OBSERVER_PROCESS, OK, Journal, Op
-from core.observations import (BUNDLE_OWNER, CHANNEL_MESSAGE, CHANNEL_TOPIC, CHANNEL_VIEW, CREATED, DELETED,
-                               GAP_END, GAP_START, OBSERVE_START, OBSERVE_STOP, PRESENT, parse_bundle_name)
-from harness.recorder import nodes_of
+from core.observations import (BROKER_REGISTRATION, BROKERS_PATH, BUNDLE_OWNER, CHANNEL_MESSAGE, CHANNEL_TOPIC,
+                               CHANNEL_VIEW, CREATED, DELETED, GAP_END, GAP_START, OBSERVE_START, OBSERVE_STOP,
+                               PRESENT, parse_bundle_name)
+from harness.recorder import OwnershipRecorder, RecorderError, nodes_of
+
+# the metadata store's records (clusters/loadbalancer/extensible/metadata_store.py's layout)
+METADATA_PATH_PREFIX = "/service_unit_state"
+
+
+def metadata_key_of(path: str) -> str | None:
+    """The bundle of a record's znode `/service_unit_state/<t>/<ns>/<range>`, else None."""
+    if not path.startswith(METADATA_PATH_PREFIX + "/"):
+        return None
+    rest = path[len(METADATA_PATH_PREFIX) + 1:]
+    return rest if len(rest.split("/")) == 3 and parse_bundle_name(rest) is not None else None
 
 log = logging.getLogger("pulsar_chaos.channel_recorder")
 
@@ -471,16 +484,195 @@ def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+class MetadataChannelRecorder(OwnershipRecorder):
+    """The same observations when the channel's records are znodes (the brokers' setting
+    `loadManagerServiceUnitStateTableViewClassName=ServiceUnitStateMetadataStoreTableViewImpl`): the ownership
+    recorder's ZooKeeper watching (harness/recorder.py: watches, gaps, full re-reads) on
+    `/service_unit_state/<tenant>/<ns>/<range>` and on the brokers' registrations. `observe-start` says
+    `"source": "metadata-store"`. Every record the recorder reads that differs from the last it read of that
+    bundle is a `channel-message` row whose message id is `[mzxid, 0, -1]` (the write's ZooKeeper
+    transaction id: the store's order; a deletion is a tombstone at the zxid of the read that found it
+    gone) and `publish_ms` the znode's mtime; writes between two reads of one znode are not seen (the store
+    keeps only the last), so the channel checker takes these records as they are (the store's resolver
+    passed them) instead of replaying a resolver over them. The `bundle-owner` rows follow the records as
+    the topic recorder's do (incarnation: the versionId), `broker-registration` rows come from
+    `/loadbalance/brokers`, and every broker's table view is sampled as by the topic recorder; the final
+    rounds last until every answering broker's records equal the store's (or `final_views_s`)."""
+
+    def __init__(self, zk_connect: str, journal: Journal, *, nodes: dict[str, Any] | None = None,
+                 brokers: list[tuple[str, str]] | None = None, view_interval_s: float = VIEW_INTERVAL_S,
+                 final_views_s: float = FINAL_VIEWS_S,
+                 view_fetch: Callable[[str], dict[str, Any]] = fetch_view, **kw: Any):
+        super().__init__(zk_connect, journal, nodes=nodes,
+                         roots=((METADATA_PATH_PREFIX, 3, CHANNEL_MESSAGE), (BROKERS_PATH, 1, BROKER_REGISTRATION)),
+                         **kw)
+        self.brokers = list(brokers or [])
+        self.view_interval_s = view_interval_s
+        self.final_views_s = final_views_s
+        self.view_fetch = view_fetch
+        self.messages = 0
+        self._table: dict[str, Any] = {}                 # bundle -> the last record read (JSON) 
+        self._owned: dict[str, tuple[str, int]] = {}     # bundle -> (owner, incarnation)
+        self._row_lock = threading.Lock()
+        self._views_stop = threading.Event()
+        self._poller: threading.Thread | None = None
+
+    def start(self, timeout: float = START_TIMEOUT_S) -> "MetadataChannelRecorder":
+        super().start(timeout)
+        if self.brokers and self.view_interval_s > 0:
+            self._poller = threading.Thread(target=self._view_loop, name="channel-views", daemon=True)
+            self._poller.start()
+        return self
+
+    def stop(self, reason: str = "run ended") -> None:
+        self._views_stop.set()
+        if self._poller is not None:
+            self._poller.join(STOP_JOIN_S)
+        try:
+            self._final_views()
+        except Exception as e:              # never the runner's problem
+            log.warning("channel recorder: final views: %s: %s", type(e).__name__, e)
+        super().stop(reason)
+
+    # -- rows --------------------------------------------------------------------------------------------
+    def _row(self, key: str, f: str, value: dict[str, Any]) -> None:
+        with self._row_lock:
+            if f == OBSERVE_START:
+                value = {"source": "metadata-store", "brokers": [b for b, _ in self.brokers],
+                         "view_interval_s": self.view_interval_s, **value}
+            if f != CHANNEL_MESSAGE:
+                super()._row(key, f, value)
+                return
+            self._record_row(key, value)
+
+    def _value(self, path: str, f: str, event: str, data: bytes | None, stat: Any) -> dict[str, Any]:
+        if f != CHANNEL_MESSAGE:
+            return super()._value(path, f, event, data, stat)
+        text = (data or b"").decode("utf-8", "replace")
+        v: dict[str, Any] = {"event": event, "czxid": stat.czxid, "mzxid": stat.mzxid, "version": stat.version,
+                             "publish_ms": stat.mtime, "wall_ms": _wall_ms()}
+        try:
+            v["value"] = json.loads(text)
+        except ValueError:
+            v["value"] = None
+            v["undecodable"] = text[:MAX_DATA]
+        return v
+
+    def _record_row(self, path: str, v: dict[str, Any]) -> None:
+        """One record read (or found gone) of a bundle's znode: a channel-message row if it differs from the
+        last one read, and the bundle-owner rows it makes."""
+        key = metadata_key_of(path)
+        if key is None:
+            return
+        gone = v.get("event") == DELETED
+        raw = None if gone else v.get("value")
+        row: dict[str, Any] = {"message_id": [int(v.get("zxid") or v.get("mzxid") or 0) if gone else int(v["mzxid"]), 0, -1],
+                               "publish_ms": v.get("publish_ms") if not gone else _wall_ms(),
+                               "wall_ms": _wall_ms(), "value": raw, "path": path, "event": v.get("event")}
+        if "undecodable" in v and not gone:
+            row["undecodable"] = v["undecodable"]
+        if key in self._table and self._table[key] == raw and not gone:
+            return
+        if gone and key not in self._table:
+            return
+        self.messages += 1
+        super()._row(key, CHANNEL_MESSAGE, row)
+        if gone:
+            self._table.pop(key, None)
+        else:
+            self._table[key] = raw
+        try:
+            rec = channel_record(raw) if raw is not None else None
+        except RecordError:
+            rec = None
+        new = owner_of(rec)
+        old = self._owned.get(key)
+        event = v.get("event")
+        if old is not None and old[0] != new:
+            del self._owned[key]
+            self._owner_row(key, DELETED, old[0], old[1], rec, row)
+        if new is not None and (old is None or old[0] != new):
+            self._owned[key] = (new, rec["versionId"])
+            self._owner_row(key, PRESENT if event == PRESENT else CREATED, new, rec["versionId"], rec, row)
+
+    def _owner_row(self, key: str, event: str, broker: str, incarnation: int, rec: dict | None,
+                   row: dict[str, Any]) -> None:
+        parsed = parse_bundle_name(key)
+        out = {"event": event, "source": "channel", "namespace": parsed[0] if parsed else None,
+               "range": list(parsed[1]) if parsed else None, "broker": broker, "incarnation": incarnation,
+               "session": None, "state": rec["state"] if rec else None, "wall_ms": _wall_ms(),
+               "message_id": row["message_id"]}
+        if event == CREATED and isinstance(row.get("publish_ms"), int):
+            out["ctime_ms"] = row["publish_ms"]
+        super()._row(key, BUNDLE_OWNER, out)
+
+    # -- views -------------------------------------------------------------------------------------------
+    def _view_loop(self) -> None:
+        try:
+            while not self._views_stop.wait(self.view_interval_s):
+                self._view_round(final=False)
+        except Exception as e:
+            log.warning("channel recorder: view sampling ended: %s: %s", type(e).__name__, e)
+
+    def _view_round(self, final: bool) -> dict[str, dict[str, Any]]:
+        out = {}
+        for broker, url in self.brokers:
+            if not final and self._views_stop.is_set():
+                break
+            v = self.view_fetch(url)
+            v["wall_ms"] = _wall_ms()
+            if final:
+                v["final"] = True
+            out[broker] = v
+            self._row(broker, CHANNEL_VIEW, v)
+        return out
+
+    def _final_views(self) -> None:
+        """Rounds marked final until every answering broker's records equal the store's (bounded)."""
+        if not self.brokers:
+            return
+        end = time.monotonic() + self.final_views_s
+        while True:
+            views = self._view_round(final=True)
+            with self._row_lock:
+                table = {k: r for k, r in self._table.items() if r is not None}
+            behind = [b for b, v in views.items() if "error" not in v and v.get("records") != table]
+            if not behind or time.monotonic() >= end:
+                return
+            time.sleep(1.0)
+
+
+def table_view_of(cluster: dict[str, Any], view_fetch: Callable[[str], dict[str, Any]] = fetch_view) -> str:
+    """The brokers' table view (`loadManagerServiceUnitStateTableViewClassName`, its short name), as the first
+    broker that answers its channel view names it (`table_view`), else by cluster.json's spec, else the
+    system topic's."""
+    for _, url in brokers_of(cluster):
+        v = view_fetch(url)
+        if isinstance(v.get("table_view"), str):
+            return v["table_view"]
+    lb = ((cluster.get("spec") or {}).get("lb_settings") or {})
+    return str(lb.get("loadManagerServiceUnitStateTableViewClassName") or "ServiceUnitStateTableViewImpl").rsplit(".", 1)[-1]
+
+
 def record(cluster: dict[str, Any], journal: Journal, *, timeout: float = START_TIMEOUT_S,
-           **kw: Any) -> ChannelRecorder:
+           **kw: Any) -> ChannelRecorder | MetadataChannelRecorder:
     """A started recorder on the cluster of cluster.json (ChannelRecorderError if it cannot read the
-    channel within `timeout`)."""
+    channel within `timeout`): the topic's, or the metadata store's when the brokers keep the channel's
+    records there."""
+    kw.setdefault("brokers", brokers_of(cluster))
+    zk = cluster.get("zk_connect")
+    if zk and table_view_of(cluster, kw.get("view_fetch", fetch_view)) == "ServiceUnitStateMetadataStoreTableViewImpl":
+        for k in ("client_factory", "drain_s", "topic", "max_reconnects"):      # the topic reader's
+            kw.pop(k, None)
+        try:
+            return MetadataChannelRecorder(zk, journal, nodes=nodes_of(cluster), **kw).start(timeout)
+        except RecorderError as e:
+            raise ChannelRecorderError(str(e)) from None
     url = cluster.get("service_url")
     if not url:
         raise ChannelRecorderError("cluster.json names no service_url; fix: deploy the cluster through the runner")
-    kw.setdefault("brokers", brokers_of(cluster))
     return ChannelRecorder(url, journal, nodes=nodes_of(cluster), **kw).start(timeout)
 
 
-__all__ = ["ChannelRecorder", "ChannelRecorderError", "JOURNAL_NAME", "VIEW_PATH", "brokers_of", "fetch_view",
-           "record"]
+__all__ = ["ChannelRecorder", "ChannelRecorderError", "JOURNAL_NAME", "MetadataChannelRecorder", "VIEW_PATH",
+           "brokers_of", "fetch_view", "record", "table_view_of"]

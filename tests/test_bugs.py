@@ -182,7 +182,7 @@ def test_pulsar_chaos_bugs_filters_by_component_and_prints_json(capsys):
     assert cli.main(["bugs", "--component", "load-balancer"]) == 0
     names = [ln.split()[0] for ln in capsys.readouterr().out.splitlines()]
     assert names == ["lb.shed_to_owner", "lb.keep_preallocations", "lb.no_version_check",
-                     "lb.tombstone_split_parent", "lb.ignore_existing_assigning"]
+                     "lb.tombstone_split_parent", "lb.ignore_existing_assigning", "lb.metadata_table_view_stale_cache"]
     assert cli.main(["bugs", "--json", "--component", "bookie"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert [g["name"] for g in got] == ["bookie.ack_before_fsync", "bookie.ignore_fence", "bookie.no_cookie",

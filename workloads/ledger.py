@@ -28,9 +28,9 @@ The BookKeeper clients here are the system under test (the writer and the recove
 brokers), so they receive the run's bookkeeper-client bug knobs (`--bug bk....`); the final reads'
 client gets them too (its recoveries are the system's).
 
-Targeted faults (options, off by default): one request type to one bookie lost or late, between the
-client and the bookie (clusters/bookkeeper/channel.py `RequestFault`), the way a one-way network fault
-of one connection would do it. "The ledger's target bookie" is the one at index (ledger id mod E) of
+Targeted faults (options, off by default): one request type to one bookie lost, late or refused, between
+the client and the bookie (clusters/bookkeeper/channel.py `RequestFault`), the way a one-way network fault
+of one connection (or a bookie refusing one client's adds) would do it. "The ledger's target bookie" is the one at index (ledger id mod E) of
 its ensemble (so that it is the first in some ledgers and the last in others):
   lost_fence          the recoverer's fencing LAC read to the ledger's target bookie is lost (it never
                       arrives; coverage is reached without it)
@@ -40,6 +40,10 @@ its ensemble (so that it is the first in some ledgers and the last in others):
   lost_recovery_adds  the recoverer's recovery write-backs are lost
   slow_metadata_ms    the writer's ledger metadata writes (an ensemble change's compare-and-set) reach
                       ZooKeeper this much later
+  refused_adds_every  N: the bookies of each ledger's first ensemble refuse the writer's adds one after
+                      another, as a bookie turned read-only does: the one at index i answers an error to
+                      entries from (i + 1) * N on, REFUSE_LATE_S late (after the others' acknowledgements,
+                      so each failure comes after the entry reached Qa when Qw > Qa)
 """
 from __future__ import annotations
 
@@ -70,7 +74,10 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "lost_adds_from": (0, "the writer's adds of entry ids >= this are lost (0: none)"),
     "lost_recovery_adds": (False, "the recoverer's recovery write-backs are lost"),
     "slow_metadata_ms": (0, "the writer's ledger metadata writes reach ZooKeeper this many ms late"),
+    "refused_adds_every": (0, "N: the bookie at index i of each ledger's first ensemble refuses the writer's "
+                              "adds of entries from (i + 1) * N on, with an error 200 ms late (0: none)"),
 }
+REFUSE_LATE_S = 0.2               # refused_adds_every: the refusal's delay
 VALUE_STRIDE = 10_000_000         # value = (adder + 1) * VALUE_STRIDE + n: unique across the run
 ROOT = "/pulsar-chaos/ledger"     # the registry znodes live under ROOT/<test name>-<run id>
 ADD_WAIT_S = 30.0                 # an add still unanswered after this is info (the client's own add
@@ -266,6 +273,7 @@ class Writer:
         self.lh: Any = None
         self._lock: asyncio.Lock | None = None
         self.ledgers: list[int] = []
+        self.first_ensembles: dict[int, list[str]] = {}   # ledger -> its ensemble at creation
         # after a ledger broke for another reason than a fence (a bookie down, no spare bookie), the
         # next one is created only after a backoff, so that a dead bookie does not make a ledger per add
         self.backoff = CREATE_BACKOFF_S[0]
@@ -301,6 +309,7 @@ class Writer:
                 raise
             self.lh = new
             self.ledgers.append(new.ledger_id)
+            self.first_ensembles[new.ledger_id] = list(new.ensemble)
             self.client.log(f"writing ledger {new.ledger_id} on {new.ensemble}")
             return new
 
@@ -403,14 +412,16 @@ def _late(fn: Callable[..., Any], delay: float) -> Callable[..., Any]:
 def request_fault(spec: TestSpec, role: str, client: Client) -> Any:
     """The RequestFault of the options' targeted faults for a client in `role`, or None."""
     from clusters.bookie import protocol as P
-    from clusters.bookkeeper.channel import DROP
+    from clusters.bookkeeper.channel import DROP, Answer
     opts = spec.options
     lost_fence = "recoverer" in role and bool(opts.get("lost_fence", False))
     lost_recovery_adds = "recoverer" in role and bool(opts.get("lost_recovery_adds", False))
     slow = float(opts.get("slow_adds_ms", 0) or 0) / 1000.0 if "writer" in role else 0.0
     lost_from = int(opts.get("lost_adds_from", 0) or 0) if "writer" in role else 0
-    if not (lost_fence or lost_recovery_adds or slow or lost_from):
+    refuse_every = int(opts.get("refused_adds_every", 0) or 0) if "writer" in role else 0
+    if not (lost_fence or lost_recovery_adds or slow or lost_from or refuse_every):
         return None
+    refused = Answer(P.ERROR, REFUSE_LATE_S)
     fences: dict[int, int] = {}      # ledger -> fencing LAC reads sent (in ensemble order)
     size = max(1, spec.ensemble)
 
@@ -420,6 +431,10 @@ def request_fault(spec: TestSpec, role: str, client: Client) -> Any:
                 return DROP if lost_recovery_adds else None
             if lost_from and entry >= lost_from:
                 return DROP
+            if refuse_every and client.writer is not None:
+                first = client.writer.first_ensembles.get(ledger)
+                if first is not None and addr in first and entry >= (first.index(addr) + 1) * refuse_every:
+                    return refused
             if slow:
                 lh = client.writer_handle
                 if lh is not None and lh.ledger_id == ledger and lh.ensemble[ledger % len(lh.ensemble)] == addr:

@@ -409,6 +409,18 @@ def set_topic_policy(admin_urls: list[str], topic: str, action: str, value: Any)
     admin_call(admin_urls, _topic_path(topic, action), value)
 
 
+def create_subscription(admin_urls: list[str], topic: str, subscription: str) -> None:
+    """A durable subscription with no consumer at the latest position, as Pulsar's admin
+    createSubscription makes it (the topic is made first; already existing is fine)."""
+    create_topic(admin_urls, topic)
+    try:
+        admin_call(admin_urls, _topic_path(topic, "subscription/" + urllib.parse.quote(subscription, safe="")),
+                   method="PUT")
+    except RuntimeError as e:
+        if "409" not in str(e):
+            raise
+
+
 def ledger_list(admin_urls: list[str], topic: str) -> tuple[str, dict[str, Any]]:
     """The topic's ledgers from a broker's internalStats (forwarded to the owner): ok with
     {"ledgers": [{"ledger_id", "entries"}], "last_confirmed": "L:E"}, or info if no broker answered."""

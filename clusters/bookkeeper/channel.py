@@ -7,16 +7,19 @@ with CONNECTION_LOST.  Frames are coalesced and written once per event-loop iter
 
 Targeted request faults (`ChannelPool.fault`, None normally): a function of (bookie address, op,
 flags, ledger, entry) that answers None (send it), DROP (the request is lost on the way: it is never
-written, and completes with TIMEOUT like any unanswered request) or a delay in seconds (it is
-written that much later). The harness's ledger workload uses them to lose one fencing request or
-slow one writer's adds to one bookie (one request type to one bookie, as a one-way network fault
-between two processes would, which iptables cannot tell apart by request type).
+written, and completes with TIMEOUT like any unanswered request), a delay in seconds (it is
+written that much later) or an `Answer` (it is never written, and completes with the Answer's status
+after its delay, as a bookie refusing it would answer: a read-only bookie's error to an add). The
+harness's ledger workload uses them to lose one fencing request, slow one writer's adds to one bookie
+or have a bookie refuse them (one request type to one bookie, as a one-way network fault between two
+processes would, which iptables cannot tell apart by request type).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import socket
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from clusters.bookie import protocol as P
@@ -26,8 +29,18 @@ log = logging.getLogger(__name__)
 Callback = Callable[[Any, int, bytes], None]
 CONNECT_TIMEOUT = 3.0
 DROP = "drop"
-# (bookie address, op, flags, ledger, entry) -> None (send) | DROP (lost) | seconds of delay
-RequestFault = Callable[[str, int, int, int, int], "float | str | None"]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A targeted fault's answer in the bookie's stead: the request is not written, and its callback gets
+    `status` (a protocol status, e.g. P.ERROR) `delay` seconds later."""
+    status: int
+    delay: float = 0.0
+
+
+# (bookie address, op, flags, ledger, entry) -> None (send) | DROP (lost) | seconds of delay | Answer
+RequestFault = Callable[[str, int, int, int, int], "float | str | Answer | None"]
 
 
 class _Conn(asyncio.Protocol):
@@ -94,6 +107,9 @@ class BookieChannel:
         fault = self.pool.fault
         if fault is not None:
             act = fault(self.addr, op, flags, ledger, entry)
+            if isinstance(act, Answer):
+                self.pool.loop.call_later(max(0.0, act.delay), cb, ctx, act.status, b"")
+                return
             if act == DROP:
                 self._rid += 1      # lost on the way: only its timeout (or a lost connection) answers
                 self.pending[self._rid] = (cb, ctx, self.pool.loop.time(), timeout)

@@ -8,6 +8,12 @@ Protocol rules implemented here (see docs: bookkeeper-and-pulsar-internals.md, 1
     entry-id order, and are held back while an ensemble change is in progress;
   * a bookie error/timeout triggers an ensemble change: new fragment keyed LAC + 1, every
     pending add re-sent to the replacement; a FENCED answer fails the writer for good;
+  * deferred failure handling (Qw > Qa): a bookie error for an add that already reached Qa is
+    noted and the bookie replaced when the next add is sent, by the same ensemble change, so the
+    writer's acknowledgements wait until the new ensemble is in the metadata store (BookKeeper's
+    notifyWriteFailed / maybeHandleDelayedWriteBookieFailure since apache/bookkeeper#1592); with
+    `delay_ensemble_change` (BookKeeper's delayEnsembleChange, off by default) such an error replaces
+    nothing, and an error before Qa replaces bookies only once the add can no longer reach Qa;
   * open with recovery: OPEN -> IN_RECOVERY, fence the last ensemble until quorum coverage,
     start at max(max LAC, first entry of the last fragment - 1), read forward with fencing
     reads (positive on any OK, negative on Qw - Qa + 1 NoSuchEntry), write back with recovery
@@ -25,7 +31,12 @@ Bug knobs (component "bookkeeper-client", clusters/bugs.py), each restoring a fi
     change the pending adds are re-examined in order, and one the replaced bookie was not in the
     write set of acknowledges the completed adds behind it before they were re-examined, so an add
     whose ack quorum counted the replaced bookie is acknowledged with fewer than Qa copies in its
-    (new) fragment, and never re-sent.
+    (new) fragment, and never re-sent;
+  * bk.delayed_ensemble_change_local_only (apache/bookkeeper#1591, fixed by PR #1592): the deferred
+    replacement of a bookie that failed after Qa is made in the writer's local ensemble at once, its
+    metadata update left to the background, and acknowledgements go on meanwhile; with the metadata
+    store slow, successive failures move the whole write set to bookies the stored ensemble does not
+    name, and a recovery in that window closes the ledger without the entries acknowledged on them.
 """
 from __future__ import annotations
 
@@ -79,8 +90,12 @@ def _status_name(st: int) -> str:
 
 class BookKeeper:
     def __init__(self, store: MetadataStore, *, add_timeout: float = 5.0,
-                 read_timeout: float = 5.0, name: str = "", knobs: Knobs | None = None):
+                 read_timeout: float = 5.0, name: str = "", knobs: Knobs | None = None,
+                 delay_ensemble_change: bool = False):
         self.store = store
+        # BookKeeper's delayEnsembleChange (default false): a bookie error replaces bookies only once an
+        # add can no longer reach Qa, and an error after Qa replaces nothing (the entry stays under-replicated)
+        self.delay_ensemble_change = delay_ensemble_change
         # bug knobs (clusters/bugs.py): the owner's (a broker's, a bookie's auto-recovery), seen as the
         # bookkeeper-client's; None (the harness's clients) is every knob at its safe default
         self.knobs = knobs.of(KNOBS_COMPONENT) if knobs is not None else Knobs.defaults(KNOBS_COMPONENT)
@@ -486,7 +501,7 @@ class BookKeeper:
 
 class _PendingAdd:
     __slots__ = ("entry_id", "payload", "length", "crc", "fut", "acked", "completed", "sent",
-                 "ws")
+                 "ws", "failed")
 
     def __init__(self, entry_id: int, payload: bytes, length: int, crc: int,
                  fut: asyncio.Future, ws: list[int]):
@@ -496,6 +511,7 @@ class _PendingAdd:
         self.crc = crc
         self.fut = fut
         self.acked = 0          # bitmask of ensemble indexes that acknowledged
+        self.failed = 0         # bitmask of ensemble indexes that answered an error (delay_ensemble_change)
         self.completed = False
         self.sent = False
         self.ws = ws
@@ -508,7 +524,8 @@ class LedgerHandle:
                  start_lac: int = -1):
         _HANDLES.add(self)
         self.bk = bk
-        self.metadata = md
+        self.metadata = md          # the writer's view (with bk.delayed_ensemble_change_local_only it
+        self._stored = md           # can be ahead of _stored, the metadata as the store has it)
         self.ledger_id = md.ledger_id
         self.E, self.Qw, self.Qa = md.ensemble_size, md.write_quorum, md.ack_quorum
         self.ensemble: list[str] = list(md.current_ensemble)
@@ -522,7 +539,12 @@ class LedgerHandle:
         self._pending: deque[_PendingAdd] = deque()
         self._changing = False
         self._failed_bookies: dict[int, str] = {}
+        # bookies that failed an add after it reached Qa, replaced when the next add is sent (BookKeeper's
+        # delayedWriteFailedBookies)
+        self._delayed_failed: dict[int, str] = {}
         self._change_task: asyncio.Task | None = None
+        self._local_task: asyncio.Task | None = None      # bk.delayed_ensemble_change_local_only's
+        self._persist_task: asyncio.Task | None = None    # (its local change, its metadata update)
         self._error: BKError | None = None
         self._closing = False
         self._closed = False
@@ -560,6 +582,7 @@ class LedgerHandle:
         op = _PendingAdd(eid, data, self.length, crc32c.crc32c(data), fut,
                          self._write_sets[eid % self.E])
         self._pending.append(op)
+        self._maybe_handle_delayed_failures()
         if not self._changing:
             self._send(op, op.ws)
         return fut
@@ -577,6 +600,7 @@ class LedgerHandle:
         op = _PendingAdd(eid, data, length, crc32c.crc32c(data), fut,
                          self._write_sets[eid % self.E])
         self._pending.append(op)
+        self._maybe_handle_delayed_failures()
         if not self._changing:
             self._send(op, op.ws)
         return fut
@@ -608,11 +632,12 @@ class LedgerHandle:
                 pass
             finally:
                 self._drain_waiter = None
-        if self._change_task is not None:
-            try:
-                await self._change_task
-            except Exception:
-                pass
+        for task in (self._change_task, self._local_task, self._persist_task):
+            if task is not None:
+                try:
+                    await task
+                except Exception:
+                    pass
         if self._pending:
             self._fail_pending(BKLedgerClosedError(f"ledger {self.ledger_id} closed"),
                                sticky=False)
@@ -629,7 +654,7 @@ class LedgerHandle:
         md, _ = await self.bk._update_metadata(
             self.metadata, predicate,
             lambda m: m.copy(state=CLOSED, last_entry_id=lac, length=length))
-        self.metadata = md
+        self.metadata = self._stored = md
         self._closed = True
 
     # -- sending / acks ------------------------------------------------------------------
@@ -663,11 +688,22 @@ class LedgerHandle:
             return
         if self._error is not None or self._closed:
             return
-        if self._failed_bookies.get(i) != addr:
+        if self._failed_bookies.get(i) != addr and self._delayed_failed.get(i) != addr:
             log.info("ledger %d: add %d to bookie %s failed: %s", self.ledger_id, op.entry_id,
                      addr, _status_name(status))
             self.bk.quarantine(addr)
-        # even if this entry already reached Qa, replace the bookie for the entries to come
+        if op.completed:
+            # the entry already reached Qa (it is under-replicated): the bookie is replaced when the next
+            # add is sent (deferred failure handling), or never with delay_ensemble_change
+            if not self.bk.delay_ensemble_change:
+                self._delayed_failed[i] = addr
+            return
+        if self.bk.delay_ensemble_change:
+            op.failed |= 1 << i
+            if op.failed.bit_count() <= self.Qw - self.Qa:
+                return                  # the add can still reach Qa without it
+            self._handle_bookie_failure({j: self.ensemble[j] for j in op.ws if (op.failed >> j) & 1})
+            return
         self._handle_bookie_failure({i: addr})
 
     def _send_success_callbacks(self) -> None:
@@ -758,12 +794,7 @@ class LedgerHandle:
                                      "unset (bk.ack_broken_entry_on_ensemble_change)", self.ledger_id,
                                      before + 1, self.last_add_confirmed)
                         continue
-                    op.acked &= ~mask
-                    if op.completed and op.acked.bit_count() < self.Qa:
-                        op.completed = False
-                    targets = [i for i in op.ws if (mask >> i) & 1]
-                    if targets:
-                        self._send(op, targets)
+                    self._unset_and_resend(op, mask)
                 if broken:
                     self._changing = True      # (until this loop ends, as without the knob)
         finally:
@@ -771,6 +802,110 @@ class LedgerHandle:
             self._change_task = None
             if self._error is None:
                 self._send_success_callbacks()
+
+    def _unset_and_resend(self, op: _PendingAdd, mask: int) -> None:
+        """The bookies at the indexes in `mask` were replaced: they no longer count in op's ack set, and
+        op is sent to their replacements (BookKeeper's unsetSuccessAndSendWriteRequest)."""
+        op.acked &= ~mask
+        op.failed &= ~mask
+        if op.completed and op.acked.bit_count() < self.Qa:
+            op.completed = False
+        targets = [i for i in op.ws if (mask >> i) & 1]
+        if targets:
+            self._send(op, targets)
+
+    # -- deferred failure handling --------------------------------------------------------
+    def _maybe_handle_delayed_failures(self) -> None:
+        """Before an add is sent: replace the bookies that failed an add after it reached Qa."""
+        if not self._delayed_failed or self._error is not None or self._closed:
+            return
+        failed = {i: a for i, a in self._delayed_failed.items() if self.ensemble[i] == a}
+        self._delayed_failed.clear()
+        if not failed:
+            return
+        if not self._recovery and self.bk.knobs.on("bk.delayed_ensemble_change_local_only"):
+            if self._local_task is not None or self._changing:
+                self._delayed_failed.update(failed)       # the next add tries again
+            else:
+                self._local_task = self.bk.loop.create_task(self._local_only_change(failed))
+            return
+        # the fix of apache/bookkeeper#1591: the same ensemble change as for a failure before Qa, which
+        # holds every acknowledgement until the new ensemble is stored
+        self._handle_bookie_failure(failed)
+
+    async def _local_only_change(self, failed: dict[int, str]) -> None:
+        """bk.delayed_ensemble_change_local_only (apache/bookkeeper#1591): replace the bookies in the local
+        ensemble now, store the change in the background, and keep acknowledging adds meanwhile."""
+        try:
+            try:
+                new_bookies = await self.bk._choose_bookies(len(failed), set(self.ensemble) | set(failed.values()))
+            except BKError:
+                self._handle_bookie_failure(failed)       # no spare bookie: the ordinary path fails it
+                return
+            failed = {i: a for i, a in failed.items() if self.ensemble[i] == a}
+            if not failed or self._error is not None or self._closed:
+                return
+            new_key = self.last_add_confirmed + 1
+            if self._changing or self.metadata.last_ensemble_key() > new_key:
+                self._delayed_failed.update(failed)
+                return
+            ens = list(self.ensemble)
+            mask = 0
+            for (i, _), nb in zip(sorted(failed.items()), new_bookies):
+                ens[i] = nb
+                mask |= 1 << i
+            local = self.metadata.copy()
+            local.ensembles[new_key] = ens
+            ENSEMBLE_CHANGES.inc()
+            log.info("ledger %d: ensemble changed locally at entry %d: %s -> %s; its metadata update goes on in "
+                     "the background, acknowledgements do not wait (bk.delayed_ensemble_change_local_only)",
+                     self.ledger_id, new_key, sorted(failed.values()), new_bookies)
+            self.metadata = local
+            self.ensemble = ens
+            self.ensemble_changes += 1
+            for op in list(self._pending):
+                if op.sent:
+                    self._unset_and_resend(op, mask)
+            if self._persist_task is None:
+                self._persist_task = self.bk.loop.create_task(self._persist_local())
+        finally:
+            self._local_task = None
+
+    def _local_ahead_of(self, m: LedgerMetadata) -> bool:
+        lk = m.last_ensemble_key()
+        return any(k >= lk and m.ensembles.get(k) != ens for k, ens in self.metadata.ensembles.items())
+
+    def _overlay_local(self, m: LedgerMetadata) -> LedgerMetadata:
+        """`m` with the local fragments it lacks (those keyed at or after its last one)."""
+        new = m.copy()
+        lk = m.last_ensemble_key()
+        for k, ens in sorted(self.metadata.ensembles.items()):
+            if k >= lk:
+                new.ensembles[k] = list(ens)
+        return new
+
+    async def _persist_local(self) -> None:
+        """Store the local-only fragments, in the background, until the store has them all; a ledger
+        recovered or closed meanwhile fails the writer (then, not before, it learns it was fenced)."""
+        def predicate(m: LedgerMetadata) -> bool:
+            if m.state == CLOSED:
+                raise BKLedgerClosedError(f"ledger {self.ledger_id} was closed by another client")
+            if m.state == IN_RECOVERY:
+                raise BKLedgerFencedError(f"ledger {self.ledger_id} is being recovered by another client")
+            return self._local_ahead_of(m)
+        try:
+            while self._error is None and not self._closed:
+                new, _ = await self.bk._update_metadata(self._stored, predicate, self._overlay_local)
+                self._stored = new
+                if not self._local_ahead_of(new):
+                    self.metadata = new
+                    return
+                self.metadata = self._overlay_local(new)
+        except BKError as e:
+            log.warning("ledger %d: background metadata update failed: %r", self.ledger_id, e)
+            self._fail_pending(e)
+        finally:
+            self._persist_task = None
 
     async def _change_ensemble(self, failed: dict[int, str]) -> list[str]:
         """Replace the failed bookies; returns the new current ensemble (written to metadata
@@ -811,7 +946,7 @@ class LedgerHandle:
             return all(cur[i] == a for i, a in failed.items())
 
         new, wrote = await self.bk._update_metadata(md, predicate, transform_local)
-        self.metadata = new
+        self.metadata = self._stored = new
         return list(new.current_ensemble)
 
 

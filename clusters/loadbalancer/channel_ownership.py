@@ -17,6 +17,13 @@ assignments by several brokers race on the topic; its order and the version chec
 namespace `pulsar/system` (the channel itself, the load-data topics) is always the channel owner's,
 the load-balancer leader's (Pulsar's INTERNAL_TOPICS), outside the channel.
 
+Where the records live is the table view's (loadManagerServiceUnitStateTableViewClassName), behind one
+interface (`run`, `put`, `close`): `SystemTopicTableView` (ServiceUnitStateTableViewImpl, the default:
+the topic above, its messages into `apply`) or metadata_table_view.MetadataStoreTableView
+(ServiceUnitStateMetadataStoreTableViewImpl: one znode per bundle, its changed records into `on_record`,
+its fills into `on_existing`, a lost metadata session into `on_invalidated`). The handlers, the lookups
+and the waiting are the same for both.
+
 Bundle boundaries, `bundle(topic)` and friends are ZkOwnership's (the namespace's local policies);
 only who owns a bundle differs.
 """
@@ -32,7 +39,8 @@ from clusters.loadbalancer.bundles import (Bundle, BundleError, NamespaceBundles
                                            topic_namespace)
 from clusters.loadbalancer.extensible import handlers as H
 from clusters.loadbalancer.extensible.state import (CHANNEL_TOPIC, S, ChannelDecodeError, ChannelView,
-                                                    ServiceUnitStateData, state_of)
+                                                    ServiceUnitStateData, StorageType, state_of)
+from clusters.loadbalancer.metadata_table_view import MetadataStoreTableView
 from clusters.loadbalancer.zk_ownership import BUNDLE_SPLIT_RETRY_LIMIT, ZkOwnership, split_plan
 from clusters.metadata.store import BadVersion
 
@@ -51,53 +59,32 @@ def is_system_namespace(namespace: str) -> bool:
     return namespace == SYSTEM_NAMESPACE
 
 
-class ChannelOwnership(ZkOwnership):
-    """This broker's view and control of ownership through the channel. `lm` is its load manager
-    (extensible_manager.py): the brokers registered, their URLs, the leader, the broker selection and
-    the decision log."""
+class SystemTopicTableView:
+    """The channel's records on the system topic (Pulsar's ServiceUnitStateTableViewImpl, the default):
+    `run()` reads the topic from the earliest message for ever into the owner's `apply` (the reader
+    re-created from the earliest message if it fails; what was applied already is skipped by message id);
+    `put(key, record | None)` sends it keyed by the bundle (None: a tombstone) and answers its message
+    id; the resolver runs in every reader's view, in the topic's order."""
 
-    def __init__(self, store: Any, cfg: Any, lm: Any):
-        super().__init__(store, cfg, on_lost=None)
-        self.lm = lm
-        self.broker_id = lm.broker_id
-        # bug knobs (clusters/bugs.py), the load balancer's: the table view without the version rule
-        # (apache/pulsar#19620), the split parent tombstoned at once (#19490), a restart that skips an
-        # existing Assigning to itself (#25379)
-        knobs = lm.knobs
-        self.view = ChannelView(check_version=not knobs.on("lb.no_version_check"))
-        self.tombstone_deleted = knobs.on("lb.tombstone_split_parent")
-        self.ignore_existing_assigning = knobs.on("lb.ignore_existing_assigning")
-        self.last_applied: tuple[int, int] | None = None
-        # the channel's last message when this broker first read it: what comes up to there is history,
-        # applied to the view without running its handlers (Pulsar's table view listens to the tail only)
-        self.history_end: tuple[int, int] | None = None
-        self.producer: Any = None
+    name = "ServiceUnitStateTableViewImpl"
+
+    def __init__(self, owner: "ChannelOwnership"):
+        self.owner = owner
         self.reader: Any = None
-        self.stopped = False
-        self._waiters: dict[str, list[asyncio.Future]] = {}          # woken by every message of the key
-        self._applied_waiters: list[tuple[tuple[int, int], asyncio.Future]] = []
-        self._assigning: dict[str, asyncio.Task] = {}                 # one assignment per bundle at a time
-        self._chains: dict[str, asyncio.Task] = {}                    # the actions of a key, in order
+        self.producer: Any = None
         self._producer_lock = asyncio.Lock()
-        # brk_sunit_state_chn_event_publish_ops_total{event, result}
-        self.publish_ops: dict[tuple[str, str], int] = {}
-
-    # -- lifecycle ------------------------------------------------------------------------------
-    async def start(self) -> None:
-        # no re-claiming on a new ZooKeeper session: the channel, not a session, holds ownership
-        self.factory.on_change(self._boundaries_changed)
+        self.stopped = False
 
     async def run(self) -> None:
-        """Read the channel for ever (the reader re-created from the earliest message if it fails;
-        what was applied already is skipped by message id)."""
+        o = self.owner
         while not self.stopped:
             try:
                 if self.reader is None or self.reader.failed is not None:
                     await self._close_reader()
-                    self.reader = await self.lm.client.create_reader(CHANNEL_TOPIC, start="earliest")
-                    if self.last_applied is None and self.history_end is None:
+                    self.reader = await o.lm.client.create_reader(CHANNEL_TOPIC, start="earliest")
+                    if o.last_applied is None and o.history_end is None:
                         last = await self.reader.last_message_id()
-                        self.history_end = (last.ledger_id, last.entry_id)
+                        o.history_end = (last.ledger_id, last.entry_id)
                 mid, key, payload = await self.reader.read_next(timeout=5.0)
             except asyncio.CancelledError:
                 raise
@@ -109,9 +96,15 @@ class ChannelOwnership(ZkOwnership):
                     await asyncio.sleep(0.5)
                 continue
             at = (mid.ledger_id, mid.entry_id)
-            if self.last_applied is not None and at <= self.last_applied:
+            if o.last_applied is not None and at <= o.last_applied:
                 continue
-            self.apply(at, key, payload)
+            o.apply(at, key, payload)
+
+    async def put(self, key: str, data: ServiceUnitStateData | None) -> Any:
+        async with self._producer_lock:
+            if self.producer is None or self.producer.failed is not None or self.producer.closed:
+                self.producer = await self.owner.lm.client.create_producer(CHANNEL_TOPIC)
+        return await self.producer.send(data.encode() if data is not None else b"", key=key)
 
     async def _close_reader(self) -> None:
         r, self.reader = self.reader, None
@@ -130,6 +123,59 @@ class ChannelOwnership(ZkOwnership):
                 await p.close()
             except Exception:  # noqa: BLE001
                 pass
+
+
+class ChannelOwnership(ZkOwnership):
+    """This broker's view and control of ownership through the channel. `lm` is its load manager
+    (extensible_manager.py): the brokers registered, their URLs, the leader, the broker selection and
+    the decision log."""
+
+    def __init__(self, store: Any, cfg: Any, lm: Any):
+        super().__init__(store, cfg, on_lost=None)
+        self.lm = lm
+        self.broker_id = lm.broker_id
+        # bug knobs (clusters/bugs.py), the load balancer's: the table view without the version rule
+        # (apache/pulsar#19620), the split parent tombstoned at once (#19490), a restart that skips an
+        # existing Assigning to itself (#25379)
+        knobs = lm.knobs
+        check_version = not knobs.on("lb.no_version_check")
+        self.tombstone_deleted = knobs.on("lb.tombstone_split_parent")
+        self.ignore_existing_assigning = knobs.on("lb.ignore_existing_assigning")
+        # where the records live (loadManagerServiceUnitStateTableViewClassName): the system topic, or one
+        # znode per bundle (metadata_table_view.py; its knob: the table kept across a lost metadata
+        # session, apache/pulsar#24478)
+        self.metadata_store = bool(lm.settings.metadata_store_table_view)
+        self.view = ChannelView(storage=StorageType.MetadataStore if self.metadata_store else StorageType.SystemTopic,
+                                check_version=check_version)
+        self.table: SystemTopicTableView | MetadataStoreTableView = (
+            MetadataStoreTableView(store, self, stale_cache=knobs.on("lb.metadata_table_view_stale_cache"),
+                                   check_version=check_version,
+                                   session_timeout_s=float(getattr(cfg, "zk_session_timeout", 6.0)))
+            if self.metadata_store else SystemTopicTableView(self))
+        self.last_applied: tuple[int, int] | None = None
+        # the channel's last message when this broker first read it: what comes up to there is history,
+        # applied to the view without running its handlers (Pulsar's table view listens to the tail only)
+        self.history_end: tuple[int, int] | None = None
+        self.stopped = False
+        self._waiters: dict[str, list[asyncio.Future]] = {}          # woken by every message of the key
+        self._applied_waiters: list[tuple[tuple[int, int], asyncio.Future]] = []
+        self._assigning: dict[str, asyncio.Task] = {}                 # one assignment per bundle at a time
+        self._chains: dict[str, asyncio.Task] = {}                    # the actions of a key, in order
+        # brk_sunit_state_chn_event_publish_ops_total{event, result}
+        self.publish_ops: dict[tuple[str, str], int] = {}
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        # no re-claiming on a new ZooKeeper session: the channel, not a session, holds ownership
+        self.factory.on_change(self._boundaries_changed)
+
+    async def run(self) -> None:
+        """The table view's loop (the topic's reader, or the metadata store's fill and watches)."""
+        await self.table.run()
+
+    async def close(self) -> None:
+        self.stopped = True
+        await self.table.close()
         for t in list(self._chains.values()) + list(self._assigning.values()):
             t.cancel()
 
@@ -154,18 +200,12 @@ class ChannelOwnership(ZkOwnership):
                 res = None
             if not history and res is not None:
                 if res.accepted:
-                    actions = H.handle_event(key, res.previous, res.current, self.broker_id, view=self.view,
-                                             multi_phase=self.lm.settings.loadBalancerMultiPhaseBundleUnload,
-                                             now_ms=_now_ms(), tombstone_deleted=self.tombstone_deleted)
-                    if res.current is not None and res.current.state == S.Deleted:
-                        self._forget(key)         # split: the children replace it
+                    self._handle(key, res.previous, res.current)
                 else:
                     actions = H.handle_skipped(key, res.current)
-                if actions:
-                    self._run(key, actions)
-            for fut in self._waiters.pop(key, []):
-                if not fut.done():
-                    fut.set_result(None)
+                    if actions:
+                        self._run(key, actions)
+            self._wake(key)
         if adopt:
             self._handle_existing()
         still = []
@@ -177,6 +217,42 @@ class ChannelOwnership(ZkOwnership):
             else:
                 still.append((target, fut))
         self._applied_waiters = still
+
+    def _handle(self, key: str, previous: ServiceUnitStateData | None, current: ServiceUnitStateData | None) -> None:
+        """handleEvent for an accepted record (a tail message, or a changed znode)."""
+        actions = H.handle_event(key, previous, current, self.broker_id, view=self.view,
+                                 multi_phase=self.lm.settings.loadBalancerMultiPhaseBundleUnload,
+                                 now_ms=_now_ms(), tombstone_deleted=self.tombstone_deleted)
+        if current is not None and current.state == S.Deleted:
+            self._forget(key)         # split: the children replace it
+        if actions:
+            self._run(key, actions)
+
+    def _wake(self, key: str) -> None:
+        for fut in self._waiters.pop(key, []):
+            if not fut.done():
+                fut.set_result(None)
+
+    # -- the metadata-store table view's callbacks (metadata_table_view.TableSink) ----------------------
+    def on_record(self, key: str, previous: ServiceUnitStateData | None,
+                  current: ServiceUnitStateData | None) -> None:
+        self._handle(key, previous, current)
+        self._wake(key)
+
+    def on_existing(self) -> None:
+        self._handle_existing()
+        for key in list(self._waiters):
+            self._wake(key)
+
+    def on_invalidated(self, keys: list[str]) -> None:
+        """The metadata session was lost: the bundles this broker owned by its table are not its own any
+        more (apache/pulsar#24478); their service units close."""
+        for key in keys:
+            try:
+                self.owned.discard(bundle_of_key(key))
+            except (BundleError, ValueError):
+                continue
+            self._run(key, [H.CloseServiceUnit(key, True)])
 
     def _handle_existing(self) -> None:
         """handleExisting, once the history is read: the bundles the channel says this broker owns are
@@ -262,19 +338,15 @@ class ChannelOwnership(ZkOwnership):
 
     # -- publishing ----------------------------------------------------------------------------------
     async def publish(self, key: str, data: ServiceUnitStateData | None, event: str) -> Any:
-        """Send a record (None: a tombstone) keyed by the bundle; its message id once written."""
+        """Send a record (None: a tombstone) keyed by the bundle: on the topic, its message id once
+        written; on the metadata store, whether it was written (a conflict is not an error)."""
         try:
-            async with self._producer_lock:
-                if self.producer is None or self.producer.failed is not None or self.producer.closed:
-                    self.producer = await self.lm.client.create_producer(CHANNEL_TOPIC)
-            producer = self.producer
-            mid = await producer.send(data.encode() if data is not None else b"", key=key)
+            return await self.table.put(key, data)
         except Exception:
             self._count(event, "Failure")
             raise
         finally:
             self._count(event, "Total")
-        return mid
 
     def _count(self, event: str, result: str) -> None:
         self.publish_ops[(event, result)] = self.publish_ops.get((event, result), 0) + 1
@@ -435,7 +507,8 @@ class ChannelOwnership(ZkOwnership):
         if broker is None:
             raise LookupError(f"no broker is available to own {key}")
         mid = await self.publish(key, H.assign_event(self.view, key, broker, _now_ms()), "Assign")
-        await self.wait_applied(mid, deadline - time.monotonic())
+        if not self.metadata_store:           # the metadata store's put has read it back already
+            await self.wait_applied(mid, deadline - time.monotonic())
 
     # -- splits ------------------------------------------------------------------------------------------
     async def update_boundaries(self, parent_key: str, children_keys: tuple[str, ...]) -> None:
@@ -466,9 +539,12 @@ class ChannelOwnership(ZkOwnership):
 
     # -- the harness's channel checker -----------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
-        return {"broker": self.broker_id, "leader": bool(self.lm.is_leader()),
-                "last_applied": list(self.last_applied) if self.last_applied is not None else None,
-                "records": {k: d.to_json() for k, d in self.view.items()}}
+        out: dict[str, Any] = {"broker": self.broker_id, "leader": bool(self.lm.is_leader()),
+                               "table_view": self.table.name,
+                               "records": {k: d.to_json() for k, d in self.view.items()}}
+        if not self.metadata_store:          # a position in the topic; znodes have none
+            out["last_applied"] = list(self.last_applied) if self.last_applied is not None else None
+        return out
 
 
 def _now_ms() -> int:

@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from clusters.loadbalancer.data import LoadData, LocalBrokerData, namespace_of
+from clusters.loadbalancer.data import BundleData, LoadData, LocalBrokerData, namespace_of
 from clusters.loadbalancer.placement import PlacementDecision, make_placement_strategy, select_broker
 from clusters.loadbalancer.settings import LoadBalancerSettings
 from clusters.loadbalancer.shedding import (ShedDecision, make_shedding_strategy, placement_destination,
@@ -59,6 +59,9 @@ class ModularLeader:
         self.registrations: dict[str, dict[str, Any]] = {}   # brokers with a readable report
         self.urls: dict[str, str] = {}            # brokerId -> pulsarServiceUrl, of every broker seen
         self.affinity: dict[str, str] = {}        # bundle -> brokerId (unload with a destination)
+        # bundle -> (its destination, the brokers' report times when the affinity was used): the moves
+        # under way, preallocated to their destination until its report shows the bundle
+        self.moving: dict[str, tuple[str, dict[str, int]]] = {}
         self.recently_unloaded: dict[str, int] = {}   # bundle -> ms (the grace period)
         self.shedder: Any = None                  # the shedding strategy (keeps its state)
         self.placement: Any = None                # the placement strategy (keeps its state)
@@ -72,6 +75,7 @@ class ModularLeader:
         a newly elected leader is filled by its first updateAll)."""
         self.load_data = LoadData()
         self.shedder = None
+        self.moving.clear()
 
     # -- updateAll ---------------------------------------------------------------------------------
     def refresh(self, registrations: Mapping[str, dict[str, Any]]) -> Refresh:
@@ -101,7 +105,27 @@ class ModularLeader:
             # neither when the bundle shows in a report nor when the broker dies
             for bundle, broker in kept.items():
                 self.load_data.preallocated_bundle_to_broker.setdefault(bundle, broker)
+        self._keep_moving()
         return out
+
+    def _keep_moving(self) -> None:
+        """A move by affinity stays preallocated to its destination until the destination's report shows
+        the bundle. The previous owner's report may still list it (written before the unload, it is
+        rewritten only when it changed enough): that drops the preallocation in update_bundle_data, and
+        is put right here. A move ends without its destination when the destination is gone, or when
+        both the destination's and another broker's reports were written since the move (another
+        lastUpdate, whichever way that broker's clock went) and only the other one shows the bundle: it
+        took the bundle after all (both, so that a report of the old owner sampled before the unload
+        and written just after the move does not end it)."""
+        for bundle, (dest, seen) in list(self.moving.items()):
+            bd = self.load_data.brokers.get(dest)
+            taken = bd is not None and bd.local.lastUpdate != seen.get(dest) and any(
+                b != dest and bundle in o.local.lastStats and o.local.lastUpdate != seen.get(b)
+                for b, o in self.load_data.brokers.items())
+            if bd is None or bundle in bd.local.lastStats or taken:
+                del self.moving[bundle]
+            elif self.load_data.preallocated_bundle_to_broker.get(bundle) != dest:
+                self._preallocate(bundle, dest)
 
     # -- assignment --------------------------------------------------------------------------------
     def placement_strategy(self) -> Any:
@@ -111,11 +135,14 @@ class ModularLeader:
 
     def select(self, bundle: str) -> Assign:
         """selectBrokerForAssignment over the brokers of the last refresh: affinity first (unload with a
-        destination), then a preallocation, then the placement strategy (its choice preallocated)."""
+        destination; used once, its broker preallocated like any choice), then a preallocation, then the
+        placement strategy (its choice preallocated)."""
         if not self.registrations:
             return Assign(None, "no-brokers")
         dest = self.affinity.pop(bundle, None)
-        if dest in self.registrations:
+        if dest in self.registrations and dest in self.load_data.brokers:
+            self.moving[bundle] = (dest, {b: bd.local.lastUpdate for b, bd in self.load_data.brokers.items()})
+            self._preallocate(bundle, dest)
             return Assign(dest, "affinity")
         decision = select_broker(bundle, sorted(self.registrations), self.load_data, self.settings, self.rng,
                                  self.namespace_counts(namespace_of(bundle)), strategy=self.placement_strategy())
@@ -126,6 +153,22 @@ class ModularLeader:
                 counts = self.namespace_counts(namespace_of(bundle))
                 counts[decision.broker] = counts.get(decision.broker, 0) + 1
         return Assign(decision.broker, "preallocated" if decision.reason == "preallocated" else "lookup", decision)
+
+    def _preallocate(self, bundle: str, broker: str) -> None:
+        """The bundle assigned to `broker` by its affinity is preallocated there, as every assignment is
+        (and taken from any other broker's preallocations): an affinity is used once, and the lookups
+        that follow it before `broker` owns the bundle (the producer's and the consumer's reconnections
+        after one unload come together) must get the same answer, not a placement or an older
+        preallocation to the bundle's previous owner, which is answered at once on that broker and takes
+        the bundle back while the client redirected to the destination is still on its way."""
+        ld = self.load_data
+        for other, bd in ld.brokers.items():
+            if other != broker and bundle in bd.preallocated_bundle_data:
+                del bd.preallocated_bundle_data[bundle]
+        data = ld.bundles.setdefault(bundle, BundleData.new_default())
+        ld.brokers[broker].preallocated_bundle_data[bundle] = data
+        ld.preallocated_bundle_to_broker[bundle] = broker
+        self._ns_counts = None                  # rebuilt at the next placement (affinities are rare)
 
     def namespace_counts(self, namespace: str) -> dict[str, int]:
         """LoadData.namespace_bundle_counts(namespace), from an index built once per refresh."""

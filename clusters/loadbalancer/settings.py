@@ -22,6 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 IMPL_PACKAGE = "org.apache.pulsar.broker.loadbalance.impl"
+CHANNEL_PACKAGE = "org.apache.pulsar.broker.loadbalance.extensions.channel"
+# the extensible load manager's two channel stores (loadManagerServiceUnitStateTableViewClassName)
+SYSTEM_TOPIC_TABLE_VIEW = f"{CHANNEL_PACKAGE}.ServiceUnitStateTableViewImpl"
+METADATA_STORE_TABLE_VIEW = f"{CHANNEL_PACKAGE}.ServiceUnitStateMetadataStoreTableViewImpl"
+TABLE_VIEWS = (SYSTEM_TOPIC_TABLE_VIEW, METADATA_STORE_TABLE_VIEW)
 
 SPLIT_ALGORITHMS = ("range_equally_divide", "topic_count_equally_divide",
                     "specified_positions_divide", "flow_or_qps_equally_divide")
@@ -124,6 +129,10 @@ class LoadBalancerSettings:
     loadBalancerMaxNumberOfBundlesToSplitPerCycle: int = 10
     # a transfer keeps the clients connected to the source until the destination owns the bundle (PIP-307)
     loadBalancerMultiPhaseBundleUnload: bool = True
+    # where the channel's records live (PIP-378): the system topic (ServiceUnitStateTableViewImpl) or the
+    # metadata store, one znode per bundle under /service_unit_state (ServiceUnitStateMetadataStoreTableViewImpl);
+    # the short class name is accepted too
+    loadManagerServiceUnitStateTableViewClassName: str = SYSTEM_TOPIC_TABLE_VIEW
 
     def __post_init__(self) -> None:
         if self.defaultNamespaceBundleSplitAlgorithm not in self.supportedNamespaceBundleSplitAlgorithms:
@@ -133,6 +142,12 @@ class LoadBalancerSettings:
         unknown = [a for a in self.supportedNamespaceBundleSplitAlgorithms if a not in SPLIT_ALGORITHMS]
         if unknown:
             raise ValueError(f"unknown bundle split algorithm(s) {unknown}; known: {list(SPLIT_ALGORITHMS)}")
+        tv = self.loadManagerServiceUnitStateTableViewClassName
+        full = next((t for t in TABLE_VIEWS if tv in (t, t.rsplit(".", 1)[1])), None)
+        if full is None:
+            raise ValueError(f"loadManagerServiceUnitStateTableViewClassName {tv!r} is not one of "
+                             f"{[t.rsplit('.', 1)[1] for t in TABLE_VIEWS]} (full or short class name)")
+        object.__setattr__(self, "loadManagerServiceUnitStateTableViewClassName", full)
         if not 0 <= self.loadBalancerHistoryResourcePercentage <= 1:
             raise ValueError("loadBalancerHistoryResourcePercentage must be within [0, 1]")
         if (self.loadBalancerServiceUnitStateTombstoneDelayTimeInSeconds * 1000
@@ -154,6 +169,11 @@ class LoadBalancerSettings:
                 raise ValueError(f"unknown load balancer setting {name!r}{hint}")
             kw[name] = _coerce(name, fields[name].type, raw)
         return cls(**kw)
+
+    @property
+    def metadata_store_table_view(self) -> bool:
+        """The channel's records are znodes (ServiceUnitStateMetadataStoreTableViewImpl)."""
+        return self.loadManagerServiceUnitStateTableViewClassName == METADATA_STORE_TABLE_VIEW
 
     def as_dict(self) -> dict[str, Any]:
         """`{pulsarName: value}` of every setting (lists as lists), JSON-ready."""

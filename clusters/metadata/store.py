@@ -182,6 +182,39 @@ class MetadataStore:
                 loop.call_soon_threadsafe(fn, value)
         self._zk.DataWatch(path, on_change)
 
+    def _once(self, fn: Callable[[str], Any]) -> Callable[[Any], None]:
+        """A kazoo one-shot watcher calling fn(event type: CREATED, DELETED, CHANGED, CHILD, or NONE when
+        ZooKeeper dropped the watch with the connection) on the event loop."""
+        loop = self._loop
+        assert loop is not None, "start() first"
+
+        def fire(event: Any) -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(fn, str(getattr(event, "type", "NONE")))
+        return fire
+
+    async def get_watched(self, path: str, fn: Callable[[str], Any]) -> tuple[bytes, int] | None:
+        """(data, version), or None when the node is absent, with a one-shot watch on it (on its
+        creation when absent): fn(event type) at its next change. Unlike `watch_data`, nothing re-reads
+        the node after a connection loss: a watch dropped with the connection fires fn("NONE") and the
+        caller decides whether to read again."""
+        for _ in range(3):
+            try:
+                data, stat = await self._call(self._zk.get_async, path, self._once(fn))
+                return data, stat.version
+            except NoNodeError:
+                if await self._call(self._zk.exists_async, path, self._once(fn)) is None:
+                    return None
+        return None
+
+    async def children_watched(self, path: str, fn: Callable[[str], Any]) -> list[str] | None:
+        """The children of `path` (None when it is absent) with a one-shot watch (see `get_watched`)."""
+        try:
+            return list(await self._call(self._zk.get_children_async, path, self._once(fn)))
+        except NoNodeError:
+            await self._call(self._zk.exists_async, path, self._once(fn))
+            return None
+
     async def transaction(self, ops: list[tuple]) -> None:
         """Several writes, all or none (ZooKeeper's multi): ops are ("check", path, version),
         ("create", path, data, ephemeral), ("set", path, data, version), ("delete", path, version).

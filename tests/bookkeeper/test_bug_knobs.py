@@ -5,7 +5,9 @@ the exact interleaving of the upstream report, made with the client's targeted r
 - bk.recovery_reads_no_fence (apache/bookkeeper#2614): the fencing LAC read to one bookie is lost;
 - bk.recovery_min_lac_minus_one (apache/bookkeeper#2615): an empty last fragment, a lost write-back;
 - bk.ack_broken_entry_on_ensemble_change (apache/bookkeeper#3005): a completed add behind one that
-  completes during an ensemble change.
+  completes during an ensemble change;
+- bk.delayed_ensemble_change_local_only (apache/bookkeeper#1591): bookies failing after Qa one after
+  another while the metadata store stalls.
 """
 from __future__ import annotations
 
@@ -16,9 +18,10 @@ import time
 import pytest
 
 from clusters.bookie import protocol as P
-from clusters.bookkeeper.channel import DROP
+from clusters.bookkeeper.channel import DROP, Answer
 from clusters.bookkeeper.client import BookKeeper
-from clusters.bookkeeper.errors import (BKInvalidEnsembleError, BKLedgerFencedError, BKNoSuchEntryError)
+from clusters.bookkeeper.errors import (BKInvalidEnsembleError, BKLedgerClosedError, BKLedgerFencedError,
+                                        BKNoSuchEntryError)
 from clusters.bookkeeper.metadata import CLOSED
 from clusters.bugs import Knobs
 from clusters.metadata.store import MetadataStore
@@ -159,3 +162,62 @@ def test_ack_of_a_broken_entry_during_an_ensemble_change(bookies, zk):
         p.start()
     acked, got = asyncio.run(once(knob=True))
     assert acked == [0, 1, 2, 3] and isinstance(got, BKNoSuchEntryError), (acked, got)
+
+
+def test_deferred_replacements_only_local_while_the_metadata_store_stalls(bookies, zk):
+    """The issue's own example (apache/bookkeeper#1591): E = 3, Qw = 3, Qa = 2, six bookies. The writer's
+    metadata writes stall (ZooKeeper not answering them); the bookies of the first ensemble refuse its
+    adds one after another (from entries 10, 20, 30), each refusal after the other two acknowledged, so
+    after Qa. Without the knob the first replacement holds every acknowledgement until the new ensemble
+    is stored: a recovery meanwhile closes the ledger at the last acknowledged entry, and the writer's
+    change then fails. With the knob each replacement is local, acknowledgements go on, the whole
+    write set moves to bookies the stored ensemble does not name, and the recovery (which fences and
+    reads the stored ensemble) closes the ledger before entries the writer had acknowledged."""
+    bookies.start(6)
+
+    async def once(knob: bool) -> tuple[list[int], int, list[str], object]:
+        bugs = {"bk.delayed_ensemble_change_local_only": True} if knob else None
+        async with client(zk, 6, f"w{int(knob)}", bugs=bugs) as w, client(zk, 6, f"r{int(knob)}") as r:
+            lh = await w.create_ledger(3, 3, 2)
+            first = list(lh.ensemble)
+            w.pool.fault = lambda addr, op, flags, ledger, entry: (
+                Answer(P.ERROR, 0.2) if op == P.ADD and addr in first and entry >= 10 * (first.index(addr) + 1)
+                else None)
+            stalled = asyncio.Event()
+            set_ = w.store.set
+
+            async def stalled_set(*a, **kw):             # ZooKeeper takes none of the writer's writes
+                await stalled.wait()
+                return await set_(*a, **kw)
+            w.store.set = stalled_set
+            acked: list[int] = []
+            pending = None
+            for i in range(45):
+                fut = lh.add_entry_async(data(i))
+                try:
+                    acked.append(await asyncio.wait_for(asyncio.shield(fut), 1.0))
+                except asyncio.TimeoutError:
+                    pending = fut                        # held back by the stalled ensemble change
+                    break
+                await asyncio.sleep(0.03)
+            rh = await r.open_ledger(lh.ledger_id, recovery=True)
+            assert rh.metadata.state == CLOSED and rh.metadata.ensembles == {0: first}, rh.metadata
+            stalled.set()                                # the writer's metadata update now fails
+            deadline = time.monotonic() + 10
+            while lh._error is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            outcome: object = None
+            try:
+                outcome = await asyncio.wait_for(pending if pending is not None else lh.add_entry_async(b"x"), 10)
+            except Exception as e:
+                outcome = e
+            return acked, rh.last_entry_id, list(lh.ensemble), outcome
+
+    acked, closed, ens, outcome = asyncio.run(once(knob=False))
+    assert acked == list(range(len(acked))) and 10 <= len(acked) < 30, acked    # held at the first change
+    assert closed == acked[-1], (closed, acked)                                  # nothing acknowledged is lost
+    assert isinstance(outcome, BKLedgerClosedError), outcome
+    acked, closed, ens, outcome = asyncio.run(once(knob=True))
+    assert acked == list(range(45)), acked                                       # never held back
+    assert closed < acked[-1], (closed, acked)                                   # acknowledged beyond the close
+    assert isinstance(outcome, (BKLedgerClosedError, BKLedgerFencedError)), outcome

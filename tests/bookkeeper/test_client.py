@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from clusters.bookie import protocol as P
+from clusters.bookkeeper.channel import Answer
 from clusters.bookkeeper.client import BookKeeper
 from clusters.bookkeeper.errors import (BKError, BKLedgerClosedError, BKLedgerFencedError,
                                         BKNoSuchEntryError, BKNoSuchLedgerError,
@@ -301,3 +303,53 @@ def test_stalled_bookie_times_out_into_an_ensemble_change(bookies, zk):
             rh = await bk.open_ledger(lh.ledger_id)
             assert await rh.read(0, 449) == [data(i) for i in range(450)]
     asyncio.run(scenario())
+
+
+def test_failures_after_qa_are_deferred_and_delay_ensemble_change_waits_for_qa(bookies, zk):
+    """E = 3, Qw = 3, Qa = 2 on five bookies. A bookie refusing an add that already reached Qa is replaced
+    when the next add is sent, by the ordinary (stored) ensemble change at LAC + 1 (BookKeeper's deferred
+    failure handling). With delay_ensemble_change (BookKeeper's delayEnsembleChange) it is not replaced
+    at all, and an add refused by Qw - Qa bookies waits; once a second bookie refuses it too (it can no
+    longer reach Qa), both are replaced in one change. Entries 0-7, a refusing from 3, b from 6."""
+    bookies.start(5)
+    refuse: dict[str, int] = {}            # bookie -> first entry it refuses
+
+    def fault(addr, op, flags, ledger, entry):
+        return Answer(P.ERROR, 0.2) if op == P.ADD and entry >= refuse.get(addr, 1 << 62) else None
+
+    async def scenario(delay: bool) -> tuple[dict, dict, dict]:
+        refuse.clear()
+        async with client(zk, 5, f"d{int(delay)}", delay_ensemble_change=delay) as bk:
+            bk.pool.fault = fault
+            lh = await bk.create_ledger(3, 3, 2)
+            a, b, c = first = list(lh.ensemble)
+            refuse[a] = 3
+            for i in range(4):
+                await lh.add_entry(data(i))      # entry 3 is acknowledged by b and c, refused by a later
+            await asyncio.sleep(0.4)
+            before = (await bk.ledger_metadata(lh.ledger_id)).ensembles
+            assert lh.ensemble == first, lh.ensemble                # nothing replaced until the next add
+            await lh.add_entry(data(4))
+            after = (await bk.ledger_metadata(lh.ledger_id)).ensembles
+            refuse[b] = 6
+            got = await asyncio.wait_for(lh.add_entry(data(5)), 10)
+            assert got == 5
+            await asyncio.sleep(0.4)
+            got = await asyncio.wait_for(lh.add_entry(data(6)), 10)
+            assert got == 6
+            await asyncio.sleep(0.4)
+            got = await asyncio.wait_for(lh.add_entry(data(7)), 10)
+            assert got == 7
+            final = (await bk.ledger_metadata(lh.ledger_id)).ensembles
+            return before, after, final
+
+    before, after, final = asyncio.run(scenario(delay=False))
+    assert len(before) == 1 and sorted(after) == [0, 4], (before, after)
+    first = before[0]
+    assert after[4][0] not in first and after[4][1:] == first[1:], after
+    assert sorted(final) == [0, 4, 7], final                # b (refusing entry 6 after Qa) at entry 7
+    before, after, final = asyncio.run(scenario(delay=True))
+    first = before[0]
+    assert len(after) == 1, after                           # the refusal after Qa replaced nothing
+    assert sorted(final) == [0, 6], final                   # entry 6 could not reach Qa: a and b at once
+    assert final[6][0] not in first and final[6][1] not in first and final[6][2] == first[2], final

@@ -107,6 +107,30 @@ def test_targeted_faults_hit_one_request_type_of_one_role():
     assert w("c:1", *fence, 5, P.INVALID_ENTRY) is None
 
 
+def test_refused_adds_move_through_the_first_ensemble():
+    """refused_adds_every=N: the writer's adds to the bookie at index i of the ledger's first ensemble are
+    answered with an error, REFUSE_LATE_S late, from entry (i + 1) * N on; its replacements, other
+    ledgers, other requests and the recoverer are untouched."""
+    from clusters.bookie import protocol as P
+    from clusters.bookkeeper.channel import Answer
+
+    class W:
+        first_ensembles = {5: ["a:1", "b:1", "c:1"]}
+
+    class C:
+        writer, writer_handle = W(), None
+    s = spec(ensemble=3, write_quorum=3, ack_quorum=2, options={"refused_adds_every": 10})
+    w = ledger.request_fault(s, "writer", C())
+    refused = Answer(P.ERROR, ledger.REFUSE_LATE_S)
+    assert [w(a, P.ADD, P.FLAG_NONE, 5, 9) for a in ("a:1", "b:1", "c:1")] == [None, None, None]
+    assert [w(a, P.ADD, P.FLAG_NONE, 5, 10) for a in ("a:1", "b:1", "c:1")] == [refused, None, None]
+    assert [w(a, P.ADD, P.FLAG_NONE, 5, 25) for a in ("a:1", "b:1", "c:1")] == [refused, refused, None]
+    assert [w(a, P.ADD, P.FLAG_NONE, 5, 30) for a in ("a:1", "b:1", "c:1", "d:1")] == [refused] * 3 + [None]
+    assert w("a:1", P.ADD, P.FLAG_NONE, 6, 30) is None                           # another ledger
+    assert w("a:1", P.READ, P.FLAG_NONE, 5, 30) is None                          # not an add
+    assert ledger.request_fault(s, "recoverer", C()) is None
+
+
 # ------------------------------------------------------------------------------------ real bookies
 
 def _run_workload(tmp_path: Path, zk: str, s: Spec) -> list:

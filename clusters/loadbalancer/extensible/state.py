@@ -312,6 +312,36 @@ class ChannelView:
             self._splitting.discard(key)
         return ApplyResult(key, True, None, prev, value)
 
+    def replace(self, key: str, value: ServiceUnitStateData | None) -> ApplyResult | None:
+        """The metadata-store table view's update (MetadataStoreTableViewImpl.updateData): the record read
+        from the store replaces the cached one, without the resolver (the store applied it on the write,
+        and a notification may skip versions); None when it equals the cached one (nothing to handle)."""
+        prev = self.data.get(key)
+        if prev == value:
+            return None
+        if value is None:
+            self.data.pop(key, None)
+            self._keys = None
+            self._splitting.discard(key)
+        else:
+            if prev is None:
+                self._keys = None
+            self.data[key] = value
+            if value.state == S.Splitting:
+                self._splitting.add(key)
+            else:
+                self._splitting.discard(key)
+        return ApplyResult(key, True, None, prev, value)
+
+    def clear(self) -> list[tuple[str, ServiceUnitStateData]]:
+        """Drop every record (the metadata-store table view's untrusted data after a session loss); the
+        records dropped."""
+        dropped = self.items()
+        self.data.clear()
+        self._splitting.clear()
+        self._keys = None
+        return dropped
+
     def splitting(self) -> list[str]:
         """The keys whose record is Splitting, sorted."""
         return sorted(self._splitting)
