@@ -109,6 +109,12 @@ _B11 = ("--workload queue --option subscribe_ahead_s=12 --nemesis kill:owner --n
 _B7 = ("--workload balance --nemesis zk-isolate:all-broker --nemesis-interval 10 --time-limit 45 --client-lifetime 0 "
        "--brokers 2 --topics 120 --lb-setting loadBalancerReportUpdateMinIntervalMillis=1000 "
        "--lb-setting defaultNumberOfNamespaceBundles=3")
+# B5: two bookies, E = Qw = Qa = 2, 20 messages/s (gaps between entries, so that the last entry acknowledged
+# is often above every LAC the bookies hold); the owner of the one topic killed (its ledger left open), then
+# bookie-1 restarted on a truncated newest entry log and bookie-2 killed for 8 s, so the new owner's
+# recovery of that ledger hears bookie-1 alone (bench/b5_schedule.toml)
+_B5 = ("--workload log --nemesis none --nemesis-schedule bench/b5_schedule.toml --bookies 2 --topics 1 "
+       "--ensemble 2 --write-quorum 2 --ack-quorum 2 --rate 20 --time-limit 35")
 # the extensible load manager's knobs (bench/README.md "Detection of the extensible load manager's bug knobs")
 _EXT = ("--workload balance --load-manager extensible --nemesis none --brokers 3 --topics 40 "
         "--lb-setting loadBalancerReportUpdateMinIntervalMillis=1000")
@@ -265,6 +271,13 @@ REGISTRY: Registry[Knob] = Registry("bug knob", {
                "a lock, and another broker acquires it too: two owners",
         component="broker", issues=("apache/pulsar#26197",),
         scenario=_B7),
+    "bk.corrupt_log_says_nosuchentry": Knob(
+        False, "a bookie whose entry log cannot give back an entry its index lists (a truncated log, a "
+               "checksum mismatch) answers 'no such entry' instead of an I/O error (BookKeeper before "
+               "apache/bookkeeper#2909, the bug of #2908): ledger recovery counts that answer as the entry's "
+               "absence, and one such answer (Qw - Qa + 1 = 1 with Qw = Qa) closes the ledger before "
+               "acknowledged entries another bookie still holds",
+        component="bookie", issues=("apache/bookkeeper#2908", "apache/bookkeeper#2909"), scenario=_B5),
     "lb.no_version_check": Knob(
         False, "the extensible load manager's table views resolve channel messages without the versionId rule "
                "(before apache/pulsar#19620), so a delayed message of an older version from a partitioned broker "

@@ -41,9 +41,10 @@ class RegistryCatalog:
         from clusters import bugs
         return bugs.REGISTRY.names()
 
-    def unsafe_causes(self, workload: str, options: Mapping[str, Any], bugs: Mapping[str, Any]) -> list[Any]:
+    def unsafe_causes(self, workload: str, options: Mapping[str, Any], bugs: Mapping[str, Any],
+                      spec: Any = None) -> list[Any]:
         import workloads
-        return workloads.unsafe_causes(workload, options, bugs)
+        return workloads.unsafe_causes(workload, options, bugs, spec)
 
     def backend_names(self) -> Sequence[str]:
         from clusters.deploy.backends import BACKENDS
@@ -65,6 +66,15 @@ class RegistryCatalog:
         except ValueError as e:
             return (str(e), "use Pulsar's setting names and value types, as in broker.conf "
                             "(clusters/loadbalancer/settings.py lists them)")
+        return None
+
+    def bookie_settings_problem(self, settings: Mapping[str, Any]) -> tuple[str, str] | None:
+        from clusters.bookie.settings import bookie_config
+        try:
+            bookie_config(settings)
+        except ValueError as e:
+            return (str(e), "use BookKeeper's setting names, as in bk_server.conf (clusters/bookie/settings.py "
+                            "lists them)")
         return None
 
     def broker_settings_problem(self, settings: Mapping[str, Any]) -> tuple[str, str] | None:

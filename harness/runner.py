@@ -56,10 +56,11 @@ def spec_from_args(spec_path: str | Path | None, overrides: dict[str, Any],
         from_mapping(raw, source, catalog=CATALOG)  # the file alone must be valid: errors name the file
         raw = {k.replace("-", "_"): v for k, v in raw.items()}
     flags = {k: v for k, v in overrides.items() if v is not None}
-    for table in ("bugs", "options", "lb_settings", "broker_settings"):
+    for table in ("bugs", "options", "lb_settings", "broker_settings", "bookie_settings"):
         if table in flags:
             flags[table] = {**(raw.get(table) or {}), **flags[table]}
-    if (spec_path or base) and any(k in flags for k in ("workload", "bugs", "options")):
+    if (spec_path or base) and any(k in flags for k in ("workload", "bugs", "options", "bookie_settings", "ensemble",
+                                                        "write_quorum", "ack_quorum")):
         # the file's expectation was for its own configuration: derive it again for the new one
         raw.pop("expected", None)
         raw.pop("expected_reason", None)
@@ -175,6 +176,7 @@ class Run:
         self.errors.append(text)
 
     def _deploy(self) -> None:
+        from clusters.bookie.settings import bookie_config
         from clusters.broker.settings import broker_config
         from clusters.deploy import backends
         from clusters.deploy.spec import ClusterSpec
@@ -184,7 +186,8 @@ class Run:
                             zookeepers=spec.zookeepers, ensemble=spec.ensemble, write_quorum=spec.write_quorum,
                             ack_quorum=spec.ack_quorum, clients=1, bugs=dict(spec.bugs),
                             load_manager=spec.load_manager, lb_settings=dict(spec.lb_settings),
-                            broker_config=broker_config(spec.broker_settings))
+                            broker_config=broker_config(spec.broker_settings),
+                            bookie_config=bookie_config(spec.bookie_settings))
         # what the faults declare they need of the deployment (fake clocks, lazy disks, ...)
         faults = [*spec.nemesis, *(e["name"] for e in spec.nemesis_schedule)]
         for field_name, roles in deployment_needs(faults).items():
