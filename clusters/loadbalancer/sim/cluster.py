@@ -75,9 +75,10 @@ class Broker:
     bytes_out: float = 0.0
     topics: int = 0
     epoch: int = 0                # bumped on every stop: callbacks of an older life are dropped
-    sys_acc_in: float = 0.0       # bytes of the load manager's own system topics served here since the
-    sys_acc_out: float = 0.0      # last report (extensible.ExtensibleCluster.system_message)
+    sys_acc_in: float = 0.0       # bytes beyond the topics' messages served here since the last report: the
+    sys_acc_out: float = 0.0      # extensible load manager's system topics, topics' clients connecting
     sys_at: int = 0               # when the last report took them
+    burst: bool = False           # the last report carried some: the next is a new sample
 
 
 class Cluster:
@@ -263,6 +264,9 @@ class Cluster:
             kb_in += br.sys_acc_in / 1024 / span
             kb_out += br.sys_acc_out / 1024 / span
             br.sys_acc_in = br.sys_acc_out = 0.0
+            br.burst = True              # the next report is without them
+        else:
+            br.burst = False
         br.sys_at = self.sim.now_ms
         if p.report_noise_kb > 0:
             # counting noise: one draw for both directions (a second's messages are counted on the way in
@@ -353,6 +357,10 @@ class Cluster:
             self.t_broker[t] = owner
             self.t_conn[t] = self.sim.now_ms
             self._account(t, owner, +1)
+            if p.connect_kb_in or p.connect_kb_out:
+                # its clients' lookups, producer and consumer commands, counted in the broker's next report
+                br.sys_acc_in += p.connect_kb_in * 1024
+                br.sys_acc_out += p.connect_kb_out * 1024
             self.connected_pubs += self.t_pubs[t]
             self.gaps.append((self.t_since[t], self.sim.now_ms, self.t_rate[t]))
             self.t_pending[t] = False
