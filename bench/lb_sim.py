@@ -282,33 +282,33 @@ def leave(run_dirs: list[str]) -> dict:
 
 def sim_leave(lm: str, seed: int, name: str = "small-6-3-6") -> dict:
     """The same as `leave` for one simulation: the stop's duration, where the leaving brokers' bundles
-    went (held 3 s after the last stop), when their topics' publishers were connected again."""
+    went (their owners 3 s after the last stop) and when their topics' publishers were connected again."""
     sc = scenario.BUILTIN[name]
     ev = next(e for e in sc.events if e.kind == "leave")
     c = run.LOAD_MANAGERS[lm](sc, sc.lb_settings(), sc.sim_params(lm), seed)
     at = ev.at_s * 1000
     seen: dict = {}
 
-    def before() -> None:
-        seen["owners"] = {n: b.owner for n, b in c.bundles.items()}
-        seen["topics"] = {t for t in range(len(c.t_name)) if c.t_broker[t] is not None}
-    c.sim.at(at - 1, before)
+    def snap(key: str) -> None:
+        seen[key] = {n: b.owner for n, b in c.bundles.items()}
+    c.sim.at(at - 1, snap, "before")
+    c.sim.at(at + c.p.graceful_unload_ms * ev.n_brokers(sc.brokers) + 3000, snap, "after")
     c.run()
-    leaving = [c.brokers[b].name for b in c.order if any(v.get("nodes") and c.brokers[b].name in v["nodes"]
-                                                       for _, kind, f, v in c.nemesis if kind == "invoke"
-                                                       and f == "start-scale")]
+    inv = next(v for _, kind, f, v in c.nemesis if kind == "invoke" and f == "start-scale")
     ok_ms = next(ms for ms, kind, f, _ in c.nemesis if kind == "ok" and f == "start-scale")
-    after = {}
-    for ms, e in c.lb_events:
-        if at <= ms <= ok_ms + 3000 and e.get("event") == "assign":
-            after[e["bundle"]] = e["destination"]
     took: dict[str, int] = {}
-    for n, owner in seen["owners"].items():
-        if owner and c.brokers[owner].name in leaving:
-            dst = c.brokers[after.get(n, owner)].name
-            took[dst] = took.get(dst, 0) + 1
-    return {"seed": seed, "stop_s": round((ok_ms - at) / 1000 / max(1, len(leaving)), 3),
-            "orphans_to": dict(sorted(took.items()))}
+    for n, owner in seen["before"].items():
+        if owner and c.brokers[owner].name in inv["nodes"]:
+            dst = seen["after"].get(n)
+            key = c.brokers[dst].name if dst else "unowned"
+            took[key] = took.get(key, 0) + 1
+    back = sorted((end - at) / 1000 for start, end, _ in c.gaps if at <= start <= ok_ms)
+    out = {"seed": seed, "stop_s": round((ok_ms - at) / 1000 / max(1, len(inv["nodes"])), 3),
+           "orphans_to": dict(sorted(took.items()))}
+    if back:
+        out["producers_back_s"] = {"median": round(back[len(back) // 2], 1), "p90": round(_q(back, 0.9), 1),
+                                   "max": round(back[-1], 1), "topics": len(back)}
+    return out
 
 
 # Our real cluster's runs of the same scenario (bench/lb_scale.py, judged with its "15 s band"; None: not
@@ -323,9 +323,13 @@ REAL = {
                                  "unloads": [52, 60, 47, 47, 53, 52]},
     ("small-6-3-6", "extensible"): {"leave": [None, None, None, None, None], "join": [None, None, None, None, None],
                                     "unloads": [15, 19, 11, 4, 20]},
+    # bench/lb_scale.py --load-manager extensible --payload 4096 --lb-setting
+    # loadBalancerOverrideBrokerNicSpeedGbps=0.003, seeds 1-5 (/work/lbscale-ext-payload, 2026-11-28)
+    ("small-6-3-6-payload", "extensible"): {"leave": [None, 1.3, 1.9, None, None], "join": [97.7, 25.7, 90.6, None, None],
+                                            "unloads": [14, 16, 12, 12, 20]},
 }
 # which scenario and load manager `validate` compares, in its tables' order
-VALIDATIONS = [("small-6-3-6", "modular"), ("small-6-3-6", "extensible")]
+VALIDATIONS = [("small-6-3-6", "modular"), ("small-6-3-6", "extensible"), ("small-6-3-6-payload", "extensible")]
 
 
 def _q(xs: list[float], p: float) -> float:

@@ -374,8 +374,12 @@ _add(Scenario(
     # measured on our real runs' reports before the leave (`python -m bench.lb_sim calibrate`, bench/README.md
     # "Validation against our real cluster"): the workload's sends a second, wire bytes a message and a
     # broker's bytes without topics, the reports' counting noise, a system message's overhead; the link is
-    # the runs' 0.00007 Gbps. Topics loaded one at a time in 0.8 s (a leaving broker's producers back in
-    # ~20 s, as theirs); settling judged on 15-s averages as theirs; the brokers' rates recomputed every 5 s
+    # the runs' 0.00007 Gbps. Measured on our real runs' leaves (`python -m bench.lb_sim leave`): a graceful
+    # stop's duration per load manager (modular 0.355 s: one run's three stops in 1.065 s; extensible 0.93 s,
+    # the mean of five runs': it transfers its bundles first), a topic's load once its client is answered
+    # (89 ms, the median from a bundle's lock to its topics loaded; loads overlap: the default concurrency),
+    # the bytes a topic's clients cost the broker that takes it (0.483 KB in, 0.303 out: nine brokers of
+    # four runs). Settling judged on 15-s averages as theirs; the brokers' rates recomputed every 5 s
     # (clusters/broker/service.py RATE_INTERVAL_S). The leaving brokers are drawn at random and stopped one
     # after another, as the scale nemesis does.
     msg_rate=117.2, msg_size=92,
@@ -387,6 +391,23 @@ _add(Scenario(
             Event(at_s=180, kind="join", count=3)),
     seed={"modular": "6 -> 3: 14-91 s, 3 -> 6: 14-125 s, 47-60 unloads (our real cluster, bench/README.md)",
           "extensible": "not settled after either event in 5 of 5, 4-20 unloads (our real cluster, bench/README.md)",
+          "ours": "settling time after each scale event (15 s band), unloads"}))
+_add(dataclasses.replace(
+    BUILTIN["small-6-3-6"], name="small-6-3-6-payload",
+    description="the validation scenario with 4 KB payloads on 3 Mbit/s links, so that the workload, not the "
+                "extensible load manager's system topics, dominates a broker's usage (bench/lb_scale.py "
+                "--payload 4096 --lb-setting loadBalancerOverrideBrokerNicSpeedGbps=0.003)",
+    # measured on those five real runs (/work/lbscale-ext-payload, bench/README.md) before the leave (`python -m
+    # bench.lb_sim calibrate`): sends, wire bytes a message, counting noise, a system message's overhead; the
+    # bytes without topics came out at -1.6 KB/s, not measurable against ~80 KB/s a broker: 0. On their leaves
+    # (`leave`): an extensible stop 0.958 s. The link is 0.003 Gbps (0.384 MB/s). The connecting clients'
+    # bytes are small-6-3-6's (their commands do not grow with the payload; measured here they drown in the
+    # workload's own dip after a leave). The rest as small-6-3-6.
+    msg_rate=114.7, msg_size=4454,
+    params={**BUILTIN["small-6-3-6"].params, "nic_mbytes": 0.384, "report_noise_kb": 5.524, "base_kb_s": 0.0,
+            "system_msg_overhead_bytes": 311},
+    load_manager_params={"extensible": {"graceful_unload_ms": 958}},
+    seed={"extensible": "our real cluster, bench/README.md 'Validation against our real cluster'",
           "ours": "settling time after each scale event (15 s band), unloads"}))
 _add(Scenario(
     name="tiny", metric="reconnect",
