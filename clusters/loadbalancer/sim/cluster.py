@@ -432,9 +432,13 @@ class Cluster:
             self._live = None
             self.broker_started(broker)
 
-    def stop_broker(self, broker: str, then_restart: bool = False) -> None:
+    def stop_broker(self, broker: str, then_restart: bool = False, then: Callable[[], None] | None = None) -> None:
+        """A graceful stop: the load manager's part at once, the broker gone graceful_unload_ms later;
+        `then` runs once it is gone (the scale nemesis stops the next broker when the last has exited)."""
         br = self.brokers[broker]
         if not br.up:
+            if then is not None:
+                then()
             return
         self.broker_stopping(broker)
 
@@ -448,6 +452,8 @@ class Cluster:
             self.broker_stopped(broker)
             if then_restart:
                 self.sim.after(self.p.broker_restart_ms, self._restarted, broker)
+            if then is not None:
+                then()
         self.sim.after(self.p.graceful_unload_ms, gone)
 
     def _restarted(self, broker: str) -> None:
@@ -478,17 +484,22 @@ class Cluster:
             self.mark("leave", f"{len(targets)} brokers")
             names = [self.brokers[b].name for b in targets]
             self.nemesis.append((self.sim.now_ms, "invoke", "start-scale", {"role": "broker", "nodes": names}))
-            # at once, or (sequential) one after another, each when the previous one is gone, as the scale
-            # nemesis stops them
-            step = self.p.graceful_unload_ms if e.sequential else 0
-            for i, b in enumerate(targets):
-                if step:
-                    self.sim.after(i * step, self.stop_broker, b)
-                else:
+            # at once, or (sequential) one after another, each once the previous one is gone (not in the same
+            # instant: a broker stopping then would hand its bundles to one leaving), as the scale nemesis
+            # stops them
+            def done() -> None:
+                self.nemesis.append((self.sim.now_ms, "ok", "start-scale", {"role": "broker", "nodes": names}))
+            if e.sequential:
+                def next_stop(i: int) -> None:
+                    if i >= len(targets):
+                        self.sim.after(1, done)
+                        return
+                    self.stop_broker(targets[i], then=lambda: self.sim.after(0, next_stop, i + 1))
+                next_stop(0)
+            else:
+                for b in targets:
                     self.stop_broker(b)
-            self.sim.after(self.p.graceful_unload_ms + step * (len(targets) - 1) + 1,
-                           lambda: self.nemesis.append((self.sim.now_ms, "ok", "start-scale",
-                                                        {"role": "broker", "nodes": names})))
+                self.sim.after(self.p.graceful_unload_ms + 1, done)
         elif e.kind == "join":
             targets = [b for b in self.order if not self.brokers[b].up][:n]
             self.mark("join", f"{len(targets)} brokers")
