@@ -3,7 +3,7 @@
 # `pulsar-chaos bugs` prints it) for seeds 1-5 without the knob (must be valid) and with it (must be
 # invalid), one run at a time; then the table of verdicts and anomaly counts (bench/round2_table.py).
 #   bench/bk_detection.sh [RESULTS_DIR] [KNOB...]
-# (default results/bk-detection and the five knobs below; SEEDS="1 2 3" to change the seeds;
+# (default results/bk-detection and the six knobs below; SEEDS="1 2 3" to change the seeds;
 # WITHOUT=0 to run only with the knob)
 set -u
 cd "$(dirname "$0")/.."
@@ -11,7 +11,7 @@ out=${1:-results/bk-detection}; shift $(( $# > 0 ? 1 : 0 ))
 knobs=("$@")
 [ ${#knobs[@]} -gt 0 ] || knobs=(bk.recovery_reads_no_fence bk.recovery_min_lac_minus_one
                                  bk.ack_broken_entry_on_ensemble_change bookie.no_limbo
-                                 bk.delayed_ensemble_change_local_only)
+                                 bk.delayed_ensemble_change_local_only bk.corrupt_log_says_nosuchentry)
 read -r -a seeds <<< "${SEEDS:-1 2 3 4 5}"
 bin=.venv/bin/pulsar-chaos
 for k in "${knobs[@]}"; do

@@ -168,6 +168,10 @@ def main() -> int:
     p.add_argument("--load-manager", choices=("modular", "extensible"), default="modular",
                    help="the brokers' load manager (default modular); SETTINGS apply to both, the extensible "
                         "one's own settings keep Pulsar's defaults unless given with --lb-setting")
+    p.add_argument("--payload", type=int, default=0, metavar="BYTES",
+                   help="each send's payload padded to BYTES (the balance workload's `payload` option; 0: the "
+                        "value's digits); with a link scaled to match, the workload's bytes dominate every "
+                        "broker's usage, not the extensible load manager's system topics (bench/README.md)")
     p.add_argument("--measure", nargs="+", metavar="RUN_DIR", help="only judge finished runs again")
     args = p.parse_args()
     if args.measure:
@@ -183,6 +187,8 @@ def main() -> int:
     extra = [a for kv in args.lb_setting for a in ("--lb-setting", kv)]
     if args.load_manager != "modular":
         extra += ["--load-manager", args.load_manager]
+    if args.payload > 0:
+        extra += ["--option", f"payload={args.payload}"]
     print(f"# pulsar-chaos run {' '.join(COMMAND + extra)} --seed N   (SCHEDULE: {SCHEDULE!r})", flush=True)
     rows = []
     for seed in range(args.first_seed, args.first_seed + args.seeds):

@@ -2,9 +2,10 @@
 
     .venv/bin/python -m bench.lb_sim seed                 # the seed's four scenarios, both load managers
     .venv/bin/python -m bench.lb_sim scale                # the reconnect storm at 1/100, 1/10 and full scale
-    .venv/bin/python -m bench.lb_sim validate [--seeds 5] # small-6-3-6, judged as bench/lb_scale.py judges ours
+    .venv/bin/python -m bench.lb_sim validate [--seeds 5] # VALIDATIONS, judged as bench/lb_scale.py judges ours
     .venv/bin/python -m bench.lb_sim one SCENARIO LM [--fraction F]   # one run, JSON on stdout
     .venv/bin/python -m bench.lb_sim calibrate RUN_DIR...  # small-6-3-6's measured parameters from real runs
+    .venv/bin/python -m bench.lb_sim leave RUN_DIR...      # what a real leave took and where its bundles went
 
 Every run is its own process (so its peak RSS is its own); each prints the wall time, the events run and
 the peak RSS beside the outcome. The tables go in bench/README.md ("lb-sim").
@@ -12,11 +13,14 @@ the peak RSS beside the outcome. The tables go in bench/README.md ("lb-sim").
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import re
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from clusters.loadbalancer.sim import run, scenario
 
@@ -43,19 +47,32 @@ def sub(name: str, lm: str, fraction: float = 1.0, seed: int = 1) -> dict:
     return json.loads(out.stdout)
 
 
-def judged(lm: str, seed: int) -> dict:
-    """small-6-3-6 once, judged as bench/lb_scale.py judges a real run: the balance checker on the
+def judged(lm: str, seed: int, name: str = "small-6-3-6") -> dict:
+    """A validation scenario (small-6-3-6 by default) once, judged as bench/lb_scale.py judges a real run: the balance checker on the
     simulation's history with the "15 s band" options; the shedder's unloads (a stopping broker's
     transfers are not the shedder's: the real runs' table counts them apart)."""
     from checkers import balance
 
     from bench.lb_scale import MEASURES
-    c = run.simulate(scenario.BUILTIN["small-6-3-6"], lm, seed=seed)
+    c = run.simulate(scenario.BUILTIN[name], lm, seed=seed)
     st = balance.check(run.history(c), {"target_topic_spread": float("inf"), **MEASURES["15 s band"]}).stats
     by = {e.get("kind"): e for e in st.get("scale_events") or []}
     shed = sum(n for r, n in (st.get("unloads_by_reason") or {}).items() if r.startswith("shed:"))
     return {"seed": seed, "load_manager": lm, "leave_s": (by.get("leave") or {}).get("balanced_after_s"),
             "join_s": (by.get("join") or {}).get("balanced_after_s"), "unloads": shed}
+
+
+def _link_kb(run_dir: str | Path) -> float:
+    """The run's link in KiB/s: its loadBalancerOverrideBrokerNicSpeedGbps (test.toml keeps the settings
+    it ran with), else bench/lb_scale.py's."""
+    import tomllib
+
+    from bench.lb_scale import SETTINGS
+    gbps = SETTINGS["loadBalancerOverrideBrokerNicSpeedGbps"]
+    spec = Path(run_dir) / "test.toml"
+    if spec.exists():
+        gbps = (tomllib.loads(spec.read_text()).get("lb_settings") or {}).get("loadBalancerOverrideBrokerNicSpeedGbps", gbps)
+    return float(gbps) * 1024 * 1024 / 8
 
 
 def calibrate(run_dirs: list[str], start_s: float = 20.0) -> dict:
@@ -71,10 +88,12 @@ def calibrate(run_dirs: list[str], start_s: float = 20.0) -> dict:
     from core import store
 
     from bench.lb_scale import SETTINGS
-    link_kb = float(SETTINGS["loadBalancerOverrideBrokerNicSpeedGbps"]) * 1024 * 1024 / 8     # KiB/s
     report_s = float(SETTINGS["loadBalancerReportUpdateMinIntervalMillis"]) / 1000
     points, sends, e2, payload = [], [], [], []
+    links = set()
     for d in run_dirs:
+        link_kb = _link_kb(d)
+        links.add(link_kb)
         hist = store.load_history(d)
         leave = min((op.time_ns for op in hist if op.f == "start-scale"), default=None)
         if leave is None:
@@ -108,7 +127,188 @@ def calibrate(run_dirs: list[str], start_s: float = 20.0) -> dict:
             "base_kb_s": round(my - slope * mx, 3), "report_noise_kb": round(statistics.mean(e2) * report_s, 3),
             # a system topic's message costs its payload plus what a workload message costs beyond its own
             "system_msg_overhead_bytes": round(slope * 1024 - statistics.mean(payload)),
-            "link_kb_s": round(link_kb, 3)}
+            "link_kb_s": sorted(round(x, 3) for x in links)}
+
+
+_LOG_LINE = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ \w+ \S+: (.*)")
+
+
+def _log_times(path: Path) -> list[tuple[float, str]]:
+    """A node log's lines as (wall-clock seconds, message)."""
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        m = _LOG_LINE.match(line)
+        if m:
+            t = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            out.append((t, m.group(2)))
+    return out
+
+
+def topic_loads(run_dir: str | Path, within_s: float = 5.0) -> list[float]:
+    """Seconds from a broker taking a bundle's ZooKeeper lock ("acquired bundle", the modular load
+    manager's ownership) to its loading each topic of that bundle ("loaded topic"), when the load
+    follows within `within_s` (a client was waiting for it): what the simulator's topic_load_ms stands
+    for (the lookup's answer, the connection and the topic's managed ledger). Read from the node logs."""
+    from clusters.loadbalancer.bundles import topic_hash
+    out: list[float] = []
+    for log_path in sorted(Path(run_dir).glob("nodes/broker-*/node.log")):
+        acquired: dict[tuple[int, int], float] = {}
+        for t, msg in _log_times(log_path):
+            m = re.match(r"acquired bundle \S+/0x([0-9a-f]+)_0x([0-9a-f]+)", msg)
+            if m:
+                acquired[(int(m.group(1), 16), int(m.group(2), 16))] = t
+                continue
+            m = re.match(r"loaded topic (\S+)", msg)
+            if m:
+                h = topic_hash(m.group(1))
+                for (lo, hi), t0 in acquired.items():
+                    if lo <= h < hi and 0 <= t - t0 < within_s:
+                        out.append(t - t0)
+    return out
+
+
+def _connect_bytes(hist: list, leave_ns: int, ok_ns: int, leaving: list[str], link_kb: float) -> dict | None:
+    """The bytes a moved topic's clients cost the broker that takes it beyond its messages (lookups,
+    producer and consumer commands on reconnecting): per remaining broker, its reports of the 2 s after
+    it first shows more topics than before the leave, each minus its topics x its own KB/s per topic
+    before the leave (reports from 20 s to 2 s before the leave), summed over those seconds and divided
+    by the topics it gained. Returns {in, out, brokers} in KB per topic, or None."""
+    by: dict[str, list[tuple[float, float, float, int]]] = {}
+    for op in hist:
+        v = op.value
+        if op.f == "lb-event" and isinstance(v, dict) and v.get("event") == "load-report":
+            by.setdefault(v.get("logged_by") or v["broker"], []).append(
+                (op.time_ns, float(v["bandwidthIn"]) / 100 * link_kb, float(v["bandwidthOut"]) / 100 * link_kb,
+                 int(v.get("numTopics") or 0)))
+    per_in, per_out = [], []
+    for b, rows in by.items():
+        if b in leaving:
+            continue
+        before = [r for r in rows if 20e9 <= r[0] <= leave_ns - 2e9 and r[3] > 0]
+        if not before:
+            continue
+        kin = statistics.mean(r[1] / r[3] for r in before)
+        kout = statistics.mean(r[2] / r[3] for r in before)
+        topics0 = before[-1][3]
+        gained = [r for r in rows if leave_ns <= r[0] <= ok_ns + 10e9 and r[3] > topics0]
+        if not gained or gained[0][3] - topics0 < 3:
+            continue
+        t0 = gained[0][0]
+        # the report that first shows the topics, and the one before it (its second held their connects)
+        prev = [r for r in rows if leave_ns <= r[0] < t0][-1:]
+        win = prev + [r for r in rows if t0 <= r[0] <= t0 + 2e9]
+        n = max(r[3] for r in win) - topics0
+        per_in.append(sum(r[1] - r[3] * kin for r in win) / n)
+        per_out.append(sum(r[2] - r[3] * kout for r in win) / n)
+    if not per_in:
+        return None
+    return {"in": round(statistics.mean(per_in), 3), "out": round(statistics.mean(per_out), 3), "brokers": len(per_in)}
+
+
+def leave(run_dirs: list[str]) -> dict:
+    """What our brokers did when three of six left, from real runs of bench/lb_scale.py: each graceful
+    stop's duration (the scale nemesis stops them one after another, each when the previous one has
+    exited: the leave's invoke to its ok, over the brokers), the topic loads (modular runs: the node
+    logs), and where the leaving brokers' bundles went (modular runs: the ZooKeeper recorder's locks):
+    per run, how many of the leaving brokers' bundles each remaining broker held 3 s after the leave,
+    and when each of their topics' producers sent again."""
+    from core import store
+    runs, loads = [], []
+    for d in run_dirs:
+        hist = store.load_history(d)
+        inv = next((op for op in hist if op.f == "start-scale" and op.type == "invoke"), None)
+        ok = next((op for op in hist if op.f == "start-scale" and op.type == "ok"), None)
+        if inv is None or ok is None:
+            continue
+        leaving = list((inv.value or {}).get("nodes") or [])
+        row: dict = {"run": str(d), "leaving": leaving,
+                     "stop_s": round((ok.time_ns - inv.time_ns) / 1e9 / max(1, len(leaving)), 3)}
+        owners: dict[str, str] = {}
+        after: dict[str, str] = {}
+        for op in hist:
+            if op.f != "bundle-owner" or not isinstance(op.value, dict):
+                continue
+            if op.time_ns <= inv.time_ns:
+                owners[op.key] = op.value.get("broker", "") if op.value.get("event") != "deleted" else ""
+            elif op.time_ns <= ok.time_ns + 3e9:        # placed, before the next shedding can move them
+                after[op.key] = op.value.get("broker", "") if op.value.get("event") != "deleted" else ""
+        if owners:
+            ip = {}
+            cluster = json.loads((Path(d) / "cluster.json").read_text()) if (Path(d) / "cluster.json").exists() else {}
+            nodes = cluster.get("nodes") or []
+            for n in nodes.values() if isinstance(nodes, dict) else nodes:
+                if isinstance(n, dict) and n.get("name") and n.get("host"):
+                    ip[n["host"]] = n["name"]
+            name = lambda b: ip.get(b.split(":")[0], b)  # noqa: E731
+            orphans = [k for k, b in owners.items() if b and name(b) in leaving]
+            took: dict[str, int] = {}
+            for k in orphans:
+                dst = name(after.get(k, owners[k]))
+                took[dst] = took.get(dst, 0) + 1
+            row["orphans_to"] = dict(sorted(took.items()))
+        back = []
+        last: dict[str, tuple[int, str]] = {}
+        first_after: dict[str, int] = {}
+        for op in hist:
+            if op.f == "send" and op.type == "ok":
+                if op.time_ns < inv.time_ns:
+                    last[op.key] = (op.time_ns, op.node)
+                elif op.key not in first_after:
+                    first_after[op.key] = op.time_ns
+        for k, (_, node) in last.items():
+            if node in leaving and k in first_after:
+                back.append(round((first_after[k] - inv.time_ns) / 1e9, 1))
+        if back:
+            back.sort()
+            row["producers_back_s"] = {"median": back[len(back) // 2], "p90": _q(back, 0.9), "max": back[-1],
+                                       "topics": len(back)}
+        conn = _connect_bytes(hist, inv.time_ns, ok.time_ns, leaving, _link_kb(d))
+        if conn:
+            row["connect_kb_per_topic"] = conn
+        tl = topic_loads(d)
+        if tl:
+            loads += tl
+            row["topic_loads"] = len(tl)
+        runs.append(row)
+    if not runs:
+        raise ValueError("no leave in these runs: give run folders of bench/lb_scale.py")
+    out: dict = {"runs": runs, "stop_s_mean": round(statistics.mean(r["stop_s"] for r in runs), 3)}
+    if loads:
+        loads.sort()
+        out["topic_load_ms"] = {"median": round(_q(loads, 0.5) * 1000), "p10": round(_q(loads, 0.1) * 1000),
+                                "p90": round(_q(loads, 0.9) * 1000), "n": len(loads)}
+    return out
+
+
+def sim_leave(lm: str, seed: int, name: str = "small-6-3-6") -> dict:
+    """The same as `leave` for one simulation: the stop's duration, where the leaving brokers' bundles
+    went (their owners 3 s after the last stop) and when their topics' publishers were connected again."""
+    sc = scenario.BUILTIN[name]
+    ev = next(e for e in sc.events if e.kind == "leave")
+    c = run.LOAD_MANAGERS[lm](sc, sc.lb_settings(), sc.sim_params(lm), seed)
+    at = ev.at_s * 1000
+    seen: dict = {}
+
+    def snap(key: str) -> None:
+        seen[key] = {n: b.owner for n, b in c.bundles.items()}
+    c.sim.at(at - 1, snap, "before")
+    c.sim.at(at + c.p.graceful_unload_ms * ev.n_brokers(sc.brokers) + 3000, snap, "after")
+    c.run()
+    inv = next(v for _, kind, f, v in c.nemesis if kind == "invoke" and f == "start-scale")
+    ok_ms = next(ms for ms, kind, f, _ in c.nemesis if kind == "ok" and f == "start-scale")
+    took: dict[str, int] = {}
+    for n, owner in seen["before"].items():
+        if owner and c.brokers[owner].name in inv["nodes"]:
+            dst = seen["after"].get(n)
+            key = c.brokers[dst].name if dst else "unowned"
+            took[key] = took.get(key, 0) + 1
+    back = sorted((end - at) / 1000 for start, end, _ in c.gaps if at <= start <= ok_ms)
+    out = {"seed": seed, "stop_s": round((ok_ms - at) / 1000 / max(1, len(inv["nodes"])), 3),
+           "orphans_to": dict(sorted(took.items()))}
+    if back:
+        out["producers_back_s"] = {"median": round(back[len(back) // 2], 1), "p90": round(_q(back, 0.9), 1),
+                                   "max": round(back[-1], 1), "topics": len(back)}
+    return out
 
 
 # Our real cluster's runs of the same scenario (bench/lb_scale.py, judged with its "15 s band"; None: not
@@ -116,11 +316,20 @@ def calibrate(run_dirs: list[str], start_s: float = 20.0) -> dict:
 # folders were not kept); extensible: /work/lbscale-ext, 2026-11-28 (bench/README.md "Scale-in and
 # scale-out"; `calibrate` reads these).
 REAL = {
-    "modular": {"leave": [91.1, 46.2, 63.7, 14.0, 20.0], "join": [14.0, 61.0, 16.9, 111.5, 125.2],
-                "unloads": [52, 60, 47, 47, 53]},
-    "extensible": {"leave": [None, None, None, None, None], "join": [None, None, None, None, None],
-                   "unloads": [15, 19, 11, 4, 20]},
+    # 5 runs of 2026-11-27 (`/work/lbscale14`, folders not kept) and 1 of 2026-11-28 (seed 1 again, its folder
+    # kept and read by `leave`: 18.2 s / 56.0 s / 52)
+    ("small-6-3-6", "modular"): {"leave": [91.1, 46.2, 63.7, 14.0, 20.0, 18.2],
+                                 "join": [14.0, 61.0, 16.9, 111.5, 125.2, 56.0],
+                                 "unloads": [52, 60, 47, 47, 53, 52]},
+    ("small-6-3-6", "extensible"): {"leave": [None, None, None, None, None], "join": [None, None, None, None, None],
+                                    "unloads": [15, 19, 11, 4, 20]},
+    # bench/lb_scale.py --load-manager extensible --payload 4096 --lb-setting
+    # loadBalancerOverrideBrokerNicSpeedGbps=0.003, seeds 1-5 (/work/lbscale-ext-payload, 2026-11-28)
+    ("small-6-3-6-payload", "extensible"): {"leave": [None, 1.3, 1.9, None, None], "join": [97.7, 25.7, 90.6, None, None],
+                                            "unloads": [14, 16, 12, 12, 20]},
 }
+# which scenario and load manager `validate` compares, in its tables' order
+VALIDATIONS = [("small-6-3-6", "modular"), ("small-6-3-6", "extensible"), ("small-6-3-6-payload", "extensible")]
 
 
 def _q(xs: list[float], p: float) -> float:
@@ -130,7 +339,7 @@ def _q(xs: list[float], p: float) -> float:
 
 def tolerance(real: dict, sim: list[dict]) -> list[tuple[str, str, bool]]:
     """bench/README.md's tolerance, per event: (1) the share of events that settled, simulated over many
-    seeds, within 0.3 of the real share over five; (2) if both settled in some runs, the real runs'
+    seeds, within 0.3 of the real share over the real runs; (2) if both settled in some runs, the real runs'
     median within the simulated runs' 10th to 90th percentile; and for the run, (3) the simulated mean
     of the shedder's unloads within 20 % of the real mean. Seeds of the two are not the same randomness:
     only distributions compare."""
@@ -155,7 +364,7 @@ def tolerance(real: dict, sim: list[dict]) -> list[tuple[str, str, bool]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=("seed", "scale", "validate", "one", "calibrate"))
+    ap.add_argument("what", choices=("seed", "scale", "validate", "one", "calibrate", "leave"))
     ap.add_argument("args", nargs="*")
     ap.add_argument("--fraction", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=1)
@@ -167,6 +376,13 @@ def main() -> int:
             print(json.dumps(calibrate(a.args)))
         except ValueError as e:          # core.history.HistoryError is one
             print(f"calibrate: {e}", file=sys.stderr)
+            return 254
+        return 0
+    if a.what == "leave":
+        try:
+            print(json.dumps(leave(a.args), indent=1))
+        except ValueError as e:
+            print(f"leave: {e}", file=sys.stderr)
             return 254
         return 0
     if a.what == "one":
@@ -190,20 +406,20 @@ def main() -> int:
                       f"{o['events']} | {o['max_rss_mb']} | {o['headline']} |", flush=True)
     else:
         n = max(a.seeds, a.sim_seeds)
-        runs = {lm: [judged(lm, s) for s in range(1, n + 1)] for lm in ("modular", "extensible")}
-        print("| seed | load manager | 6 -> 3 settled after | 3 -> 6 settled after | the shedder's unloads |")
-        print("|---|---|---|---|---|")
+        runs = {v: [judged(v[1], s, v[0]) for s in range(1, n + 1)] for v in VALIDATIONS}
+        print("| seed | scenario | load manager | 6 -> 3 settled after | 3 -> 6 settled after | the shedder's unloads |")
+        print("|---|---|---|---|---|---|")
         for s in range(a.seeds):
-            for lm in ("modular", "extensible"):
-                o = runs[lm][s]
+            for v in VALIDATIONS:
+                o = runs[v][s]
                 fmt = ["not settled" if x is None else f"{x:.0f} s" for x in (o["leave_s"], o["join_s"])]
-                print(f"| {s + 1} | {lm} | {fmt[0]} | {fmt[1]} | {o['unloads']} |", flush=True)
+                print(f"| {s + 1} | {v[0]} | {v[1]} | {fmt[0]} | {fmt[1]} | {o['unloads']} |", flush=True)
         print()
-        print(f"| load manager | tolerance (real: five runs; simulated: seeds 1-{a.sim_seeds}) | figures | met |")
-        print("|---|---|---|---|")
-        for lm in ("modular", "extensible"):
-            for what, figures, ok in tolerance(REAL[lm], runs[lm][:a.sim_seeds]):
-                print(f"| {lm} | {what} | {figures} | {'yes' if ok else 'no'} |")
+        print(f"| scenario | load manager | tolerance (real runs; simulated: seeds 1-{a.sim_seeds}) | figures | met |")
+        print("|---|---|---|---|---|")
+        for v in VALIDATIONS:
+            for what, figures, ok in tolerance(REAL[v], runs[v][:a.sim_seeds]):
+                print(f"| {v[0]} | {v[1]} | {what} | {figures} | {'yes' if ok else 'no'} |")
     return 0
 
 

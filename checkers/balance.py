@@ -123,7 +123,7 @@ def check(history: list[Op], opts: dict[str, Any] | None = None) -> CheckResult:
         invalid.append("long-unavailability")
     unknown = bool(o.get("require_convergence")) and not b.reports
     stats = b.stats(events, episodes, gaps)
-    stats.update(anomaly_stats(cases))
+    stats.update(anomaly_stats(cases, invalid))
     if unknown:
         stats["unknown_because"] = ["no load-report rows in the history: the brokers logged no load reports "
                                     "(fix: brokers with load-report LB_EVENTs, clusters/loadbalancer/modular.py)"]

@@ -316,11 +316,12 @@ def check(history: list[Op], opts: dict[str, Any] | None = None) -> CheckResult:
     c = _ChannelCheck(history, o)
     c.run()
     stats = c.stats()
-    stats.update(anomaly_stats(c.cases))
+    invalid = o.get("invalid") or ()
+    stats.update(anomaly_stats(c.cases, invalid))
     unknown = not c.msgs
     if unknown:
         stats["unknown_because"] = "no channel-message rows: the channel observer did not run"
-    return CheckResult(verdict(c.cases, o.get("invalid") or (), unknown), anomalies_of(c.cases), stats)
+    return CheckResult(verdict(c.cases, invalid, unknown), anomalies_of(c.cases), stats)
 
 
 def _mid(x: Any) -> tuple[int, ...] | None:

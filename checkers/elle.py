@@ -861,8 +861,7 @@ class _Graph(OpRefs):
                                    "from_time": self.edges[RT_IN]}},
             "log_order": dict(sorted(self.order_source.items(), key=lambda x: str(x[0]))),
             "reused_values": self.reused,
-            **anomaly_stats(cases),
-            "invalid_types": sorted(inv),
+            **anomaly_stats(cases, inv),
             **cstats,
         }
         return CheckResult(valid=verdict(cases, inv), anomalies=anomalies_of(cases), stats=stats)

@@ -247,8 +247,7 @@ class _FencingCheck:
         self._ledger_bounds(stats)
 
         invalid_types = set(self.o.get("invalid") or ())
-        stats.update(anomaly_stats(self.cases))
-        stats["invalid_types"] = sorted(invalid_types)
+        stats.update(anomaly_stats(self.cases, invalid_types))
         stats["unknown_because"] = self.unknown[:100]
         stats["tables"] = ["ownership"]
         return CheckResult(valid=verdict(self.cases, invalid_types, unknown=bool(self.unknown)),

@@ -814,8 +814,7 @@ class _LogCheck(OpRefs):
         invalid_types = self._invalid_types()
 
         stats = self._stats()
-        stats.update(anomaly_stats(cases))
-        stats["invalid_types"] = sorted(invalid_types)
+        stats.update(anomaly_stats(cases, invalid_types))
         stats["lost_count"] = lost.count
         stats["duplicate_count"] = cases["duplicate"].count
         stats["unseen_count"] = cases["unseen"].count

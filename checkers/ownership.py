@@ -116,10 +116,11 @@ def check(history: list[Op], opts: dict[str, Any] | None = None) -> CheckResult:
     assigned_to_dead_cases(c, cases["assigned-to-dead-broker"])
     unknown = c.why_unknown()
     stats = c.stats()
-    stats.update(anomaly_stats(cases))
+    invalid = o.get("invalid") or ()
+    stats.update(anomaly_stats(cases, invalid))
     if unknown:
         stats["unknown_because"] = unknown
-    return CheckResult(verdict(cases, o.get("invalid") or (), bool(unknown)), anomalies_of(cases), stats)
+    return CheckResult(verdict(cases, invalid, bool(unknown)), anomalies_of(cases), stats)
 
 
 # ------------------------------------------------------------------------------------ the model

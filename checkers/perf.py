@@ -272,7 +272,7 @@ def _perf(history: list[Op], o: dict[str, Any]) -> CheckResult:
                      for t, s in zip(seg_t, seg_s)][:max_rows],
         "max_unavailable_s": thr,
         "write_fs": sorted(write_fs),
-        **anomaly_stats(cases),
+        **anomaly_stats(cases, ANOMALY_TYPES),
         "history": {"ops": len(h), "nemesis_ops": n_nem, "final_ops_excluded": final_ops,
                     "orphan_completions": orphans},
         "tables": ["by_state", "availability", "recovery"],

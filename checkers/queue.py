@@ -349,8 +349,7 @@ class _QueueCheck(OpRefs):
                                exactly_once_ratio=_ratio(per_q[q]["exactly_once"], per_q[q]["pairs"]))
                        for q in queues},
             "incomplete_queues": incomplete,
-            **anomaly_stats(cases),
-            "invalid_types": sorted(inv_types),
+            **anomaly_stats(cases, inv_types),
             "history": {"ops": len(self.h), "orphan_completions": self.orphans, "malformed": self.malformed},
         }
         for st in stats["queues"].values():

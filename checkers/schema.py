@@ -260,7 +260,7 @@ class _SchemaCheck(OpRefs):
         self.stats["final_answers_indeterminate"] = dict(sorted(self.final_info.items()))
         self.stats["versions"] = {t: len(by_v) for t, by_v in sorted(self.meaning.items())}
         self.stats["strategy"] = self.strategy
-        self.stats.update(anomaly_stats(cases))
+        self.stats.update(anomaly_stats(cases, invalid))
         return CheckResult(valid=verdict(cases, invalid, unknown), anomalies=anomalies_of(cases), stats=self.stats)
 
 

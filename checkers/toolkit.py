@@ -249,11 +249,17 @@ def anomalies_of(cases: Mapping[str, Cases]) -> dict[str, list[Any]]:
     return {k: c.evidence for k, c in cases.items() if c.count}
 
 
-def anomaly_stats(cases: Mapping[str, Cases]) -> dict[str, dict[str, int]]:
-    """The stats every checker reports about its cases: `anomaly_counts` (exact) and
-    `anomalies_truncated` (the types whose evidence the cap cut short, with their counts)."""
-    return {"anomaly_counts": {k: c.count for k, c in cases.items() if c.count},
-            "anomalies_truncated": {k: c.count for k, c in cases.items() if c.count > len(c.evidence)}}
+def anomaly_stats(cases: Mapping[str, Cases], invalid: Collection[str] | None = None) -> dict[str, Any]:
+    """The stats every checker reports about its cases: `anomaly_counts` (exact),
+    `anomalies_truncated` (the types whose evidence the cap cut short, with their counts) and, given the
+    types that make the verdict False (as `verdict` is given them), `invalid_types`: the other types are
+    informational, and time to first detection (core/detection.py) looks only at these."""
+    out: dict[str, Any] = {
+        "anomaly_counts": {k: c.count for k, c in cases.items() if c.count},
+        "anomalies_truncated": {k: c.count for k, c in cases.items() if c.count > len(c.evidence)}}
+    if invalid is not None:
+        out["invalid_types"] = sorted(invalid)
+    return out
 
 
 def verdict(cases: Mapping[str, Cases], invalid: Collection[str], unknown: bool = False) -> bool | str:

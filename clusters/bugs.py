@@ -12,6 +12,12 @@ its node's `bugs` map and the component's name, at construction (`Knobs(cfg.bugs
 owner's `knobs.of("bookkeeper-client")`), and asks it `knobs.on("broker.schema_no_cas")`. It refuses an
 unknown knob and a knob of another component, so a typo cannot silently read the default.
 docs/extending.md has the recipe for a new knob.
+
+A reported bug whose cause is not understood upstream gets no knob (a guessed mechanism would prove
+nothing about the harness); bench/README.md "Four real Pulsar bugs as knobs" keeps a row for each with
+the reason: apache/pulsar#20968 (rolling broker restarts lose data: open, not reproduced by the
+maintainers, no fix) and apache/pulsar#22709 (acknowledgements lost when bookies and brokers restart:
+closed without a reproducer or a fix naming a mechanism).
 """
 from __future__ import annotations
 
@@ -89,6 +95,26 @@ _B12 = ("--workload ledger --nemesis kill:bookie --nemesis-interval 2 --ensemble
 _B3 = ("--workload ledger --nemesis none --bookies 6 --ensemble 3 --write-quorum 3 --ack-quorum 2 --rate 200 "
        "--time-limit 30 --option recover_interval=4.0 --option ledger_max_entries=0 "
        "--option refused_adds_every=100 --option slow_metadata_ms=4000")
+# B11 (apache/pulsar#18236's own steps): the queue's subscription created by the admin API at the latest
+# position before anything is sent, its consumers only 12 s later; the owner killed at 5 s, before any
+# acknowledgement has made the cursor write its position again
+_B11 = ("--workload queue --option subscribe_ahead_s=12 --nemesis kill:owner --nemesis-interval 5 "
+        "--time-limit 30 --topics 1")
+# B7 (#26197): every broker cut from ZooKeeper for 10 s (a ZooKeeper outage: every session expires), three
+# bundles on two brokers, producers kept (no lookups while cut). As the sessions return, each broker's stale
+# unloads close its topics and their clients look up at once: the first broker back is the only one
+# registered, and the other holds fewer bundles of the namespace, so a broker is handed its own bundle back
+# 0.15-0.5 s after its stale unload began; 120 topics (40 a bundle) keep the unloads running that long (with
+# 20 they had often ended; with one broker cut, the other, registered all along, always got the bundle)
+_B7 = ("--workload balance --nemesis zk-isolate:all-broker --nemesis-interval 10 --time-limit 45 --client-lifetime 0 "
+       "--brokers 2 --topics 120 --lb-setting loadBalancerReportUpdateMinIntervalMillis=1000 "
+       "--lb-setting defaultNumberOfNamespaceBundles=3")
+# B5: two bookies, E = Qw = Qa = 2, 20 messages/s (gaps between entries, so that the last entry acknowledged
+# is often above every LAC the bookies hold); the owner of the one topic killed (its ledger left open), then
+# bookie-1 restarted on a truncated newest entry log and bookie-2 killed for 8 s, so the new owner's
+# recovery of that ledger hears bookie-1 alone (bench/b5_schedule.toml)
+_B5 = ("--workload log --nemesis none --nemesis-schedule bench/b5_schedule.toml --bookies 2 --topics 1 "
+       "--ensemble 2 --write-quorum 2 --ack-quorum 2 --rate 20 --time-limit 35")
 # B6: the owner of some topics paused for 16 s (a stop-the-world pause), twice: its ZooKeeper session expires and
 # new producers' lookups (a producer lives 1 s) make the other broker take its topics over, recover their last
 # ledgers and delete the empty ones; ledgers roll over by age (1.2 s) and each topic gets a send every ~15 s, so
@@ -245,7 +271,7 @@ REGISTRY: Registry[Knob] = Registry("bug knob", {
                "#18237; Pulsar's internalResetCursor): a broker killed before the cursor's next write leaves "
                "the next owner a subscription that skips an entry nobody acknowledged",
         component="managed-ledger", issues=("apache/pulsar#18236", "apache/pulsar#18237"),
-        scenario="--workload exactly-once --nemesis kill:owner --nemesis-interval 5 --time-limit 40"),
+        scenario=_B11),
     "broker.rollover_race_creates_two_ledgers": Knob(
         False, "the time-based rollover check (managedLedgerMaxLedgerRolloverTimeMinutes) also acts while the "
                "next ledger is being created, so a second ledger is created beside it (apache/pulsar#12221, "
@@ -260,9 +286,14 @@ REGISTRY: Registry[Knob] = Registry("bug knob", {
                "(apache/pulsar#26197): a lookup that re-acquired the bundle meanwhile keeps serving it without "
                "a lock, and another broker acquires it too: two owners",
         component="broker", issues=("apache/pulsar#26197",),
-        scenario="--workload balance --nemesis zk-isolate --nemesis-interval 10 --time-limit 45 --client-lifetime 0 "
-                 "--brokers 2 --topics 20 --lb-setting loadBalancerReportUpdateMinIntervalMillis=1000 "
-                 "--lb-setting defaultNumberOfNamespaceBundles=1"),
+        scenario=_B7),
+    "bk.corrupt_log_says_nosuchentry": Knob(
+        False, "a bookie whose entry log cannot give back an entry its index lists (a truncated log, a "
+               "checksum mismatch) answers 'no such entry' instead of an I/O error (BookKeeper before "
+               "apache/bookkeeper#2909, the bug of #2908): ledger recovery counts that answer as the entry's "
+               "absence, and one such answer (Qw - Qa + 1 = 1 with Qw = Qa) closes the ledger before "
+               "acknowledged entries another bookie still holds",
+        component="bookie", issues=("apache/bookkeeper#2908", "apache/bookkeeper#2909"), scenario=_B5),
     "lb.no_version_check": Knob(
         False, "the extensible load manager's table views resolve channel messages without the versionId rule "
                "(before apache/pulsar#19620), so a delayed message of an older version from a partitioned broker "

@@ -38,7 +38,8 @@ class Unsafe:
 
 @dataclass(frozen=True)
 class Cause:
-    """One reason a run is expected invalid: `kind` "bug knob" or "option", `label` its row name in the
+    """One reason a run is expected invalid: `kind` "bug knob", "option" or "unsafe setting" (the cluster's,
+    clusters/unsafe_settings.py), `label` its row name in the
     detection table (`broker.recovery_fencing=false`, `register:cas=unsafe`), `reason` the declaration's text."""
     kind: str
     label: str

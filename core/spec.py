@@ -35,7 +35,8 @@ class Catalog(Protocol):
 
     def bug_knob_names(self) -> Sequence[str]: ...
 
-    def unsafe_causes(self, workload: str, options: Mapping[str, Any], bugs: Mapping[str, Any]) -> list[Any]:
+    def unsafe_causes(self, workload: str, options: Mapping[str, Any], bugs: Mapping[str, Any],
+                      spec: Any = None) -> list[Any]:
         """The `core.expectation.Cause`s that make this configuration expected invalid."""
 
     def backend_names(self) -> Sequence[str]: ...
@@ -51,9 +52,6 @@ class Catalog(Protocol):
 
     def broker_settings_problem(self, settings: Mapping[str, Any]) -> tuple[str, str] | None:
         """(problem, fix) if the broker settings are not names and values the brokers take; None if fine."""
-
-    def bookie_settings_problem(self, settings: Mapping[str, Any]) -> tuple[str, str] | None:
-        """(problem, fix) if the bookie settings are not names and values the bookies take; None if fine."""
 
 
 def _fault_problem(name: Any, catalog: Catalog | None) -> tuple[str, str] | None:
@@ -99,7 +97,7 @@ class TestSpec:
     lb_settings: dict[str, Any] = field(default_factory=dict)
     # broker settings under Pulsar's names, e.g. managedLedgerMaxLedgerRolloverTimeMinutes = 0.02
     broker_settings: dict[str, Any] = field(default_factory=dict)
-    # bookie settings under BookKeeper's names, e.g. gcWaitTime = 1000
+    # bookie settings under BookKeeper's names, e.g. journalSyncData = false (an unsafe setting)
     bookie_settings: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)   # the workload's options (its OPTIONS)
     seed: int = 0                           # 0: pick one at random (recorded in test.toml)
@@ -198,7 +196,7 @@ class TestSpec:
                 raise err("broker_settings", *problem)
         if not isinstance(self.bookie_settings, dict):
             raise err("bookie_settings", "must be a table of setting = value",
-                      "write e.g. [bookie_settings] gcWaitTime = 1000")
+                      "write e.g. [bookie_settings] journalSyncData = false")
         check = getattr(catalog, "bookie_settings_problem", None) if self.bookie_settings else None
         if check is not None:
             problem = check(self.bookie_settings)
@@ -288,7 +286,9 @@ class TestSpec:
     def expectation(self, catalog: Catalog):
         """This spec's `core.expectation.Expectation`: declared, or from the registries' unsafe things."""
         from core.expectation import expectation
-        found = catalog.unsafe_causes(self.workload, self.options, self.bugs)
+        found = catalog.unsafe_causes(self.workload, self.options, self.bugs,
+                                      {"bookie_settings": self.bookie_settings, "ensemble": self.ensemble,
+                                       "write_quorum": self.write_quorum, "ack_quorum": self.ack_quorum})
         return expectation(found, self.expected, self.expected_reason)
 
     def with_expectation(self, catalog: Catalog) -> "TestSpec":

@@ -41,9 +41,10 @@ class RegistryCatalog:
         from clusters import bugs
         return bugs.REGISTRY.names()
 
-    def unsafe_causes(self, workload: str, options: Mapping[str, Any], bugs: Mapping[str, Any]) -> list[Any]:
+    def unsafe_causes(self, workload: str, options: Mapping[str, Any], bugs: Mapping[str, Any],
+                      spec: Any = None) -> list[Any]:
         import workloads
-        return workloads.unsafe_causes(workload, options, bugs)
+        return workloads.unsafe_causes(workload, options, bugs, spec)
 
     def backend_names(self) -> Sequence[str]:
         from clusters.deploy.backends import BACKENDS
@@ -67,20 +68,21 @@ class RegistryCatalog:
                             "(clusters/loadbalancer/settings.py lists them)")
         return None
 
+    def bookie_settings_problem(self, settings: Mapping[str, Any]) -> tuple[str, str] | None:
+        from clusters.bookie.settings import bookie_config
+        try:
+            bookie_config(settings)
+        except ValueError as e:
+            return (str(e), "use BookKeeper's setting names, as in bk_server.conf (clusters/bookie/settings.py "
+                            "lists them)")
+        return None
+
     def broker_settings_problem(self, settings: Mapping[str, Any]) -> tuple[str, str] | None:
         from clusters.broker.settings import broker_config
         try:
             broker_config(settings)
         except ValueError as e:
             return (str(e), "use one of the names clusters/broker/settings.py lists, with a number")
-        return None
-
-    def bookie_settings_problem(self, settings: Mapping[str, Any]) -> tuple[str, str] | None:
-        from clusters.bookie.settings import bookie_config
-        try:
-            bookie_config(settings)
-        except ValueError as e:
-            return (str(e), "use one of the names clusters/bookie/settings.py lists, with a number")
         return None
 
 

@@ -187,15 +187,26 @@ def _lb_args(p: argparse.ArgumentParser, default: str | None) -> None:
                         "loadBalancerSheddingIntervalMinutes=0.1 (repeatable)")
 
 
-def _broker_settings(items: list[str] | None, flag: str = "--broker-setting",
-                     example: str = "managedLedgerMaxLedgerRolloverTimeMinutes=0.02") -> dict[str, Any]:
-    """`NAME=VALUE` strings -> {NAME: VALUE} (values stay strings: clusters/broker/settings.py, or
-    clusters/bookie/settings.py for --bookie-setting, checks them)."""
+def _broker_settings(items: list[str] | None) -> dict[str, Any]:
+    """`NAME=VALUE` strings -> {NAME: VALUE} (values stay strings: clusters/broker/settings.py checks them)."""
     out: dict[str, Any] = {}
     for item in items or []:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
-            raise UserError(f"{flag} {item!r} is not NAME=VALUE", f"write e.g. {flag} {example}")
+            raise UserError(f"--broker-setting {item!r} is not NAME=VALUE",
+                            "write e.g. --broker-setting managedLedgerMaxLedgerRolloverTimeMinutes=0.02")
+        out[name.strip()] = value.strip()
+    return out
+
+
+def _bookie_settings(items: list[str] | None) -> dict[str, Any]:
+    """`NAME=VALUE` strings -> {NAME: VALUE} (values stay strings: clusters/bookie/settings.py checks them)."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise UserError(f"--bookie-setting {item!r} is not NAME=VALUE",
+                            "write e.g. --bookie-setting journalSyncData=false")
         out[name.strip()] = value.strip()
     return out
 
@@ -436,8 +447,8 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                    help="a broker setting under Pulsar's name, e.g. "
                         "managedLedgerMaxLedgerRolloverTimeMinutes=0.02 (repeatable; clusters/broker/settings.py)")
     p.add_argument("--bookie-setting", action="append", default=None, metavar="NAME=VALUE",
-                   help="a bookie setting under BookKeeper's name, e.g. gcWaitTime=1000 "
-                        "(repeatable; clusters/bookie/settings.py)")
+                   help="a bookie setting under BookKeeper's name, e.g. journalSyncData=false (an unsafe setting: "
+                        "the run is expected invalid; repeatable; clusters/bookie/settings.py)")
     p.add_argument("--seed", type=int, default=None, metavar="N", help="random seed (default: a random one, saved in test.toml)")
     p.add_argument("--test-name", default=None, metavar="NAME", help="the run folder's parent name (default log-chaos)")
     p.add_argument("--results-dir", default=None, metavar="DIR", help="where run folders go (default results)")
@@ -471,7 +482,7 @@ def run_spec(args: argparse.Namespace) -> Any:
     if getattr(args, "broker_setting", None):
         overrides["broker_settings"] = _broker_settings(args.broker_setting)
     if getattr(args, "bookie_setting", None):
-        overrides["bookie_settings"] = _broker_settings(args.bookie_setting, "--bookie-setting", "gcWaitTime=1000")
+        overrides["bookie_settings"] = _bookie_settings(args.bookie_setting)
     if args.option:
         from core.spec import parse_options
         overrides["options"] = parse_options(args.option)

@@ -59,7 +59,8 @@ def spec_from_args(spec_path: str | Path | None, overrides: dict[str, Any],
     for table in ("bugs", "options", "lb_settings", "broker_settings", "bookie_settings"):
         if table in flags:
             flags[table] = {**(raw.get(table) or {}), **flags[table]}
-    if (spec_path or base) and any(k in flags for k in ("workload", "bugs", "options")):
+    if (spec_path or base) and any(k in flags for k in ("workload", "bugs", "options", "bookie_settings", "ensemble",
+                                                        "write_quorum", "ack_quorum")):
         # the file's expectation was for its own configuration: derive it again for the new one
         raw.pop("expected", None)
         raw.pop("expected_reason", None)

@@ -76,7 +76,7 @@ def run_row(root: Path, d: Path) -> RunRow:
         import workloads
         from core.expectation import met
         found = workloads.unsafe_causes(str(spec.get("workload", "log")), opts if isinstance(opts, dict) else {},
-                                        bugs if isinstance(bugs, dict) else {})
+                                        bugs if isinstance(bugs, dict) else {}, spec)
         expected = "invalid" if found else "valid"
         m = met(expected, v) if res else None
     rel = d.relative_to(root)

@@ -15,6 +15,7 @@ from core.registry import Registry
 from nemesis.base import FaultNameError, Nemesis
 from nemesis.balance import ReplayNemesis, ScaleNemesis, SplitNemesis, UnloadNemesis
 from nemesis.clock import ClockNemesis
+from nemesis.corrupt import DiskCorruptNemesis
 from nemesis.lifecycle import DiskWipeNemesis, KillRoleNemesis, RollingRestartNemesis
 from nemesis.links import FlakyNemesis, SlowNemesis
 from nemesis.partition import (ClientLinkNemesis, GrudgeNemesis, IsolateNemesis, PartitionNemesis,
@@ -94,6 +95,12 @@ REGISTRY: Registry[Fault] = Registry("nemesis", {
     "disk-wipe": Fault(lambda p: DiskWipeNemesis(p), "a bookie (or TARGET) killed, its data deleted, restarted "
                        "with the same identity at the stop (a bookie refuses its wiped disk: formatted as a new "
                        "bookie first)", "TARGET", colour="#C4C4C4"),
+    "disk-corrupt": Fault(lambda p: DiskCorruptNemesis("bitflip", p), "a bookie (or TARGET) killed, 16 bits "
+                          "flipped in the last quarter of its newest entry log (its index untouched), started "
+                          "again at once", "TARGET", colour="#B8B0A0"),
+    "disk-truncate": Fault(lambda p: DiskCorruptNemesis("truncate", p), "a bookie (or TARGET) killed, its newest "
+                           "entry log cut in its last quarter (its index untouched), started again at once",
+                           "TARGET", colour="#A89F8C"),
     "power-loss": Fault(lambda p: PowerLossNemesis(p), "every bookie (or TARGETS, joined by +: "
                         "all-bookie+all-broker) loses power at once: killed, un-fsync'ed writes dropped (lazyfs "
                         "disks); restarted at the stop", "TARGETS", colour="#F0A8B8",

@@ -22,14 +22,21 @@ def unsafe_options(r: Run) -> set[str]:
     return detection.unsafe_option_keys(r._get("options", {}) or {}, unsafe, defaults)
 
 
+def _spec(r: Run) -> dict[str, Any]:
+    """The run's spec with its cluster's unsafe settings given back their safe values
+    (`clusters.unsafe_settings.scenario_reset`): its scenario is the one of the runs without them."""
+    from clusters import unsafe_settings
+    return {**r.spec, **unsafe_settings.scenario_reset(r.spec)}
+
+
 def scenario(r: Run) -> tuple[str, str]:
     """(label, key) of the run's scenario (`core.detection.scenario`)."""
-    return detection.scenario(r.spec, unsafe_options(r))
+    return detection.scenario(_spec(r), unsafe_options(r))
 
 
 def facts(r: Run) -> dict[str, Any]:
     """`core.detection.run_facts` of an analysed run."""
-    return detection.run_facts(r.spec, r.results, r.causes, r.expected, unsafe_options(r))
+    return detection.run_facts(_spec(r), r.results, r.causes, r.expected, unsafe_options(r))
 
 
 def matrix(runs: list[Run]) -> list[dict[str, Any]]:

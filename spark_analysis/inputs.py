@@ -95,7 +95,8 @@ class Run:
         from the bug knobs and the workload's unsafe options (derived for runs made before expectations)."""
         import workloads
         from core.expectation import expectation
-        found = workloads.unsafe_causes(self.workload, self._get("options", {}) or {}, self._get("bugs", {}) or {})
+        found = workloads.unsafe_causes(self.workload, self._get("options", {}) or {}, self._get("bugs", {}) or {},
+                                        self.spec)
         declared = self._get("expected", "")
         declared = declared if declared in ("valid", "invalid") else ""
         return expectation(found, declared, str(self._get("expected_reason", "")))

@@ -64,14 +64,19 @@ def options(name: str, given: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def unsafe_causes(name: str, given: dict[str, Any] | None, bugs: dict[str, Any] | None) -> list[Any]:
+def unsafe_causes(name: str, given: dict[str, Any] | None, bugs: dict[str, Any] | None,
+                  spec: Any = None) -> list[Any]:
     """Why a configuration must be invalid (`core.expectation.Cause`s): the bug knobs set off their safe
-    default (`clusters.bugs.REGISTRY`) and the workload's deliberately unsafe settings (its `UNSAFE`)."""
+    default (`clusters.bugs.REGISTRY`), the workload's deliberately unsafe settings (its `UNSAFE`) and,
+    given the run's spec (a mapping of its test.toml fields), the cluster's unsafe settings
+    (`clusters.unsafe_settings`, e.g. journalSyncData=false)."""
     from clusters import bugs as bug_knobs
-    from core.expectation import causes
+    from clusters import unsafe_settings
+    from core.expectation import Cause, causes
+    settings = [Cause("unsafe setting", label, reason) for label, reason in unsafe_settings.causes(spec)]
     try:
         mod = get(name)
         unsafe, defaults = getattr(mod, "UNSAFE", ()), {k: d for k, (d, _) in mod.OPTIONS.items()}
     except Exception:                     # a workload this checkout lacks: its knobs still count
         unsafe, defaults = (), {}
-    return causes(bugs, bug_knobs.REGISTRY, name, given, unsafe, defaults)
+    return causes(bugs, bug_knobs.REGISTRY, name, given, unsafe, defaults) + settings

@@ -31,6 +31,8 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "hot_share": (0.8, "share of the sends that go to the hot topics during the hot-spot phase"),
     "hot_from": (0.2, "start of the hot-spot phase, as a fraction of the time limit"),
     "hot_until": (0.7, "end of the hot-spot phase, as a fraction of the time limit"),
+    "payload": (0, "bytes of a send's payload: its value padded with spaces to this length (0: the value's "
+                   "digits only, ~8 bytes), so that the workload's bytes, not the brokers' own, dominate their load"),
     "lookup": ("home", "home: each worker looks topics up through its home broker only (as every workload; "
                        "while that broker is away the worker cannot); all: through every broker, home first"),
 }

@@ -101,9 +101,11 @@ def run_thread(session: Session, spec: TestSpec, thread: Thread, topics: list[st
         except Exception:
             pass                # made again (and the failure recorded) by the first op that needs it
 
+    pad = int(spec.options.get("payload", 0) or 0)      # the balance workload's option
+
     def perform(planned: Planned, process: int) -> tuple[str, dict[str, Any]]:
         if planned.f == "send":
-            return send(session, planned.key, thread.batched, planned.value)
+            return send(session, planned.key, thread.batched, planned.value, pad=pad)
         return receive(session, planned.key)[:2]
     ctx = Context(run_dir=None, spec=spec, cluster={}, keys=topics, journal=journal,  # type: ignore[arg-type]
                   stop=stop, deadline=deadline)

@@ -262,10 +262,11 @@ def _decode(msg: Any, with_redelivery: bool, received_ms: int | None = None) -> 
 
 
 def send(session: Session, topic: str, batched: bool, value: int, key: str | None = None,
-         deliver_at: int | None = None) -> tuple[str, dict[str, Any]]:
+         deliver_at: int | None = None, pad: int = 0) -> tuple[str, dict[str, Any]]:
     """One send: ok with the message id and broker; fail if it certainly was not written; info if unsure.
     With `deliver_at` (wall-clock ms) the message is delayed and its payload is "value@deliver_at", so
-    whoever receives it knows when it was due."""
+    whoever receives it knows when it was due. `pad`: the payload is padded with spaces to that many
+    bytes (`decode_value` reads the value back: int() ignores them)."""
     import pulsar
     try:
         p = session.producer(topic, batched)
@@ -279,6 +280,8 @@ def send(session: Session, topic: str, batched: bool, value: int, key: str | Non
         if deliver_at is not None:
             kw["deliver_at"] = int(deliver_at)
             payload += b"@%d" % int(deliver_at)
+        if pad > len(payload):
+            payload = payload.ljust(pad)
         mid = p.send(payload, **kw)
     except pulsar.PulsarException as e:
         name = type(e).__name__
@@ -407,6 +410,18 @@ def set_topic_policy(admin_urls: list[str], topic: str, action: str, value: Any)
     """A topic-level policy (e.g. deduplication true) through the admin API; the topic is made first."""
     create_topic(admin_urls, topic)
     admin_call(admin_urls, _topic_path(topic, action), value)
+
+
+def create_subscription(admin_urls: list[str], topic: str, subscription: str) -> None:
+    """A durable subscription with no consumer at the latest position, as Pulsar's admin
+    createSubscription makes it (the topic is made first; already existing is fine)."""
+    create_topic(admin_urls, topic)
+    try:
+        admin_call(admin_urls, _topic_path(topic, "subscription/" + urllib.parse.quote(subscription, safe="")),
+                   method="PUT")
+    except RuntimeError as e:
+        if "409" not in str(e):
+            raise
 
 
 def ledger_list(admin_urls: list[str], topic: str) -> tuple[str, dict[str, Any]]:

@@ -6,7 +6,9 @@ before its time (`early`). Checked as Jepsen's total-queue: every acknowledged e
 least once (lost otherwise),
 nothing is dequeued that was never enqueued, and how often each value was delivered (exactly-once
 analysis). With the `dedup` option the topics run with broker deduplication, and a value stored twice
-(two message ids) is then an anomaly of its own.
+(two message ids) is then an anomaly of its own. With `subscribe_ahead_s` the subscription is created
+through the admin API at the latest position before anything is sent (apache/pulsar#18236's first
+step), and the consumers come that many seconds later: every value sent is still owed to it.
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from core.expectation import Unsafe, nonzero
 from core.spec import TestSpec
 from workloads import base
 from workloads.base import MAX_WORKERS, Context, Planned
-from workloads.pulsar_client import DRAIN_IDLE_S, final_drains, receive, send, session_for, set_topic_policy, topic_names
+from workloads.pulsar_client import (DRAIN_IDLE_S, create_subscription, final_drains, receive, send, session_for,
+                                     set_topic_policy, topic_names)
 
 DESCRIPTION = "producers enqueue unique ints, competing Shared consumers dequeue them, a final drain empties the queue"
 OPTIONS: dict[str, tuple[Any, str]] = {
@@ -33,6 +36,11 @@ OPTIONS: dict[str, tuple[Any, str]] = {
                         "[0, delay_max_ms] (a function of its value); the queue checker's `early` finds a "
                         "delivery before its time, `lost` a delayed message never delivered; 0 off. Below "
                         "(settle + 3 s) x 1000, so the last ones are due before the final drain ends"),
+    "subscribe_ahead_s": (0.0, "the subscription is created by the admin API before anything is sent, at the "
+                               "latest position (Pulsar's createSubscription default), and the consumers "
+                               "start this many seconds into the run: a subscription made ahead of its "
+                               "consumers, with no acknowledgement yet while the first faults come; 0: "
+                               "consumers subscribe at the earliest position from the start"),
 }
 # deliberately unsafe: the run must be invalid (core/expectation.py)
 UNSAFE = (Unsafe({"exactly_once": True, "nack_every": nonzero},
@@ -93,6 +101,13 @@ def prepare(ctx: Context) -> None:
     if ctx.spec.options.get("dedup"):
         for t in ctx.keys:
             set_topic_policy(ctx.admin_urls(), t, "deduplication", True)
+    if _ahead(ctx.spec):
+        for t in ctx.keys:
+            create_subscription(ctx.admin_urls(), t, SUBSCRIPTION)
+
+
+def _ahead(spec: TestSpec) -> float:
+    return float(spec.options.get("subscribe_ahead_s") or 0.0)
 
 
 def _consumer_name(ctx: Context, thread: int) -> str:
@@ -131,6 +146,10 @@ def start(ctx: Context) -> list[threading.Thread]:
                 except Exception:
                     pass
             return type_, changes
+        if t.role == "dequeue" and _ahead(ctx.spec):
+            # the subscription exists (prepare); its consumers come later (option subscribe_ahead_s)
+            if ctx.stop.wait(max(0.0, min(_ahead(ctx.spec), ctx.deadline - time.monotonic()))):
+                return
         for topic in ctx.keys:          # made up front, so that every consumer competes from the start
             try:
                 if t.role == "dequeue":

@@ -149,6 +149,9 @@ class Bookie:
         # ledgers deleted while fenced -> monotonic time of their last access (adds to them are refused)
         self.fenced_deleted: dict[int, float] = {}
         self.gc = GarbageCollector(self, max(0.05, cfg.gc_wait_time_ms / 1000.0))
+        # apache/bookkeeper#2908: an entry the index lists but the entry log cannot give back answered
+        # as "no such entry" (recovery counts it as absent) instead of an error
+        self.corrupt_says_nosuchentry = self.knobs.on("bk.corrupt_log_says_nosuchentry")
         self.limbo: set[int] = set()       # ledgers this bookie lost in an earlier life
         self.cookie_state: str | None = None   # "new" / "ok" after the check; None: not checked
         self.journal = Journal(self.data_dir / "journal", sync_data=cfg.journal_sync_data,
@@ -555,8 +558,12 @@ class Bookie:
         try:
             e = await self.storage.read(ledger, entry)
         except CorruptEntry as ex:
+            # the index says this bookie stores the entry and the log cannot give it back: an I/O error
+            # (ERROR, "unknown" to a recovery), never "no such entry" (apache/bookkeeper#2908), unless
+            # the knob restores the bug
             log.error("read %d:%d: %s", ledger, entry, ex)
-            conn.send(P.encode_response(P.READ, P.ERROR, rid, ledger, entry))
+            status = P.NO_SUCH_ENTRY if self.corrupt_says_nosuchentry else P.ERROR
+            conn.send(P.encode_response(P.READ, status, rid, ledger, entry))
             return
         except Exception:
             log.exception("read %d:%d failed", ledger, entry)

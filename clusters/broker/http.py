@@ -39,6 +39,9 @@ Routes ({t}/{ns}: tenant/namespace; {topic}: the local name; {bundle}: 0xLLLLLLL
                                                         state, lastEntryId), cursors (markDeletePosition,
                                                         individuallyDeletedMessages, cursorLedger)
     PUT  .../{topic}/unload                            close the topic on its owner (clients reconnect)
+    PUT  .../{topic}/subscription/{sub}                a durable subscription with no consumer, at the
+                                                        latest position (body: none or MessageId.latest;
+                                                        {"ledgerId": -1, "entryId": -1}: earliest; 409 exists)
     GET|PUT .../{topic}/compaction                     compaction status {"status", "lastError"}; start one
                                                         (409 while one runs)
     GET  .../{topic}/lastMessageId                     {"ledgerId", "entryId", "partitionIndex"[, "batchIndex"]}
@@ -104,6 +107,7 @@ MAX_REDIRECTS = 2
 
 _NAME_RE = re.compile(r"^[-=:.\w]+$")
 _BUNDLE_RE = re.compile(r"^0x([0-9a-fA-F]{8})_0x([0-9a-fA-F]{8})$")
+_LATEST_ID = 2 ** 63 - 1        # Pulsar's MessageId.latest: ledgerId and entryId Long.MAX_VALUE
 _TOPIC_ACTIONS = {
     "partitions": ("GET", "PUT", "POST", "DELETE"),
     "stats": ("GET",),
@@ -291,6 +295,9 @@ class AdminHttpServer(HttpServer):
         if len(rest) == 3:
             _allow(req, "a topic", "PUT")
             return await self._create_topic(req, topic)
+        if len(rest) == 5 and rest[3] == "subscription":
+            _allow(req, "a subscription", "PUT")
+            return await self._create_subscription(req, topic, _check_name("subscription", rest[4]))
         if len(rest) != 4:
             raise HttpError(404, f"no such resource: {req.path[:200]}")
         action = rest[3]
@@ -454,6 +461,36 @@ class AdminHttpServer(HttpServer):
             await self.service.get_topic(topic)
         except Exception as e:
             raise HttpError(503, f"cannot create {topic} now: {e}") from None
+        return Response(204, b"")
+
+    async def _create_subscription(self, req: Request, topic: str, name: str) -> Response:
+        """PUT .../{topic}/subscription/{name}: a durable subscription with no consumer (Pulsar's
+        createSubscription). The body is a MessageId: none, or Pulsar's MessageId.latest
+        (Long.MAX_VALUE both), is the latest position; {"ledgerId": -1, "entryId": -1} the earliest."""
+        body = req.json() if req.body.strip() else {}
+        if not isinstance(body, dict):
+            raise HttpError(400, "the body must be a MessageId object {\"ledgerId\": L, \"entryId\": E} or empty")
+        ids = (body.get("ledgerId", _LATEST_ID), body.get("entryId", _LATEST_ID))
+        if ids == (_LATEST_ID, _LATEST_ID):
+            initial = "latest"
+        elif ids == (-1, -1):
+            initial = "earliest"
+        else:
+            raise HttpError(400, f"a subscription is created at the latest or the earliest position here, not at "
+                                 f"{ids[0]}:{ids[1]}; send no body (latest) or {{\"ledgerId\": -1, \"entryId\": -1}}")
+        await self._require_topic(topic)
+        forwarded = await self._forward_to_owner(req, topic)
+        if forwarded is not None:
+            return forwarded
+        t = await self._loaded(topic)
+        try:
+            created = await t.create_subscription(name, initial)
+        except HttpError:
+            raise
+        except Exception as e:
+            raise HttpError(503, f"cannot create subscription {name} on {topic} now: {e}") from None
+        if not created:
+            raise HttpError(409, f"Subscription {name} already exists on {topic}")
         return Response(204, b"")
 
     async def _partitions(self, req: Request, method: str, topic: str) -> Response:

@@ -468,6 +468,22 @@ class Topic:
                 self.subscriptions[name] = sub
         return await sub.add_consumer(cnx, cmd)
 
+    async def create_subscription(self, name: str, initial_position: str = "latest") -> bool:
+        """A durable subscription with no consumer yet (Pulsar's admin createSubscription, whose
+        default position is the latest): its cursor is created at `initial_position` ("latest" or
+        "earliest") and persisted. False when the subscription exists already."""
+        if self._closing:
+            raise not_served(self.name, "closing")
+        async with self._sub_lock:
+            sub = self.subscriptions.get(name)
+            if (sub is not None and not sub.closed) or name in self.ml.cursors:
+                return False
+            cursor = await self.ml.open_cursor(name, initial_position)
+            if self._closing:
+                raise not_served(self.name, "closing")
+            self.subscriptions[name] = Subscription(self, name, cursor, EXCLUSIVE, True)
+        return True
+
     def _reader_start(self, cmd: pb.CommandSubscribe) -> Position | None:
         """Mark-delete position of a new non-durable subscription.
 

@@ -218,6 +218,11 @@ class Cluster(abc.ABC):
         """Delete a dead node's data (its identity and config stay): the next start() begins empty."""
         raise Unsupported(f"{type(self).__name__} cannot wipe a node's disk")
 
+    def corrupt(self, name: str, mode: str, draws: list[float], flips: int = 16) -> dict[str, Any]:
+        """Damage a stopped bookie's newest entry log (`mode` "bitflip" or "truncate", at points drawn
+        from `draws` in [0, 1); clusters/bookie/corrupt.py); its index is left as it is."""
+        raise Unsupported(f"{type(self).__name__} cannot corrupt a bookie's files")
+
     def format(self, name: str) -> dict[str, Any]:
         """The operator's answer to a bookie that refuses its disks: format the stopped bookie as a
         new bookie (its cookie in the metadata store and its local data deleted, BookKeeper's

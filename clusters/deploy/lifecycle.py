@@ -574,6 +574,27 @@ class StateFileCluster(StateInventory, Cluster):
             wiped = statefile.wipe_data_dir(n)
         return {"node": name, **wiped}
 
+    def corrupt(self, name: str, mode: str, draws: list[float], flips: int = 16) -> dict[str, Any]:
+        """Bit flips in or truncation of a stopped bookie's newest entry log (clusters/bookie/corrupt.py),
+        its index untouched; records `corrupted_at` in state.json. Returns {node, file, mode,
+        size_before, size_after, offsets}."""
+        from clusters.bookie import corrupt
+        with self._txn() as state:
+            n = self._entry(state, name)
+            if n["role"] != "bookie":
+                raise ClusterError(f"{name} is a {n['role']}, not a bookie; only a bookie's entry logs are "
+                                   "corrupted")
+            seen = self._seen([n])[name]
+            if seen.alive:
+                raise ClusterError(f"{name} is running (pid {seen.pid}); its files are corrupted while it is "
+                                   "stopped", f"kill or stop it first ({self._cli('kill', self.name, name)})")
+            try:
+                out = corrupt.corrupt_entry_log(n["data_dir"], mode, draws, flips)
+            except corrupt.CorruptError as e:
+                raise ClusterError(f"corrupting {name} failed: {e}") from None
+            n["corrupted_at"] = statefile.now()
+        return {"node": name, **out}
+
     def format(self, name: str) -> dict[str, Any]:
         """Format a stopped bookie as a new bookie (clusters/bookie/cookie.py): its cookie in the
         metadata store is deleted (through the cluster's ZooKeeper, from this host) and its journal,

@@ -188,3 +188,11 @@ def test_checker_modules_do_not_import_each_other():
     pairs = sorted((a, b) for a in deps for b in deps[a] if a < b and a in deps.get(b, set()))
     assert not pairs, pairs
     assert "checkers.toolkit" in deps["checkers.log"]         # the test sees the imports at all
+
+
+def test_anomaly_stats_names_the_invalidating_types_when_given():
+    cases = {"lost": Cases(10), "unseen": Cases(10)}
+    cases["lost"].add(lambda: {"index": 1})
+    cases["unseen"].add(lambda: {"index": 0})
+    assert "invalid_types" not in anomaly_stats(cases)
+    assert anomaly_stats(cases, {"lost"})["invalid_types"] == ["lost"]

@@ -118,6 +118,20 @@ def test_detection_of_a_real_log_check():
     assert d["first_op_s"] == pytest.approx(6.0) and d["seconds"] == pytest.approx(1.0)
 
 
+def test_an_informational_type_named_earlier_does_not_decide():
+    """A checker's stats from checkers.toolkit name its invalidating types: an informational case on an
+    earlier op (the ownership checker's served-after-session-loss) is not the detection."""
+    from checkers.toolkit import Cases, anomalies_of, anomaly_stats
+    cases = {"served-after-session-loss": Cases(10), "served-without-lock": Cases(10)}
+    cases["served-after-session-loss"].add(lambda: {"index": 4, "time_s": 6.0})
+    cases["served-without-lock"].add(lambda: {"index": 9, "time_s": 8.5})
+    checker = {"valid": False, "anomalies": anomalies_of(cases), "stats": anomaly_stats(cases, ["served-without-lock"])}
+    d = det.first_detection({"ownership": checker}, 5.0, "zk-isolate")
+    assert (d["type"], d["first_op_index"], d["seconds"]) == ("served-without-lock", 9, 3.5)
+    checker["stats"] = anomaly_stats(cases)          # without the types named, the earliest op decides
+    assert det.first_detection({"ownership": checker}, 5.0, "zk-isolate")["type"] == "served-after-session-loss"
+
+
 # ------------------------------------------------------------------------------- scenario and matrix
 
 SPEC = {"test_name": "detection-log-zk-isolate-1", "workload": "log", "nemesis": ["zk-isolate"], "seed": 1001,

@@ -266,9 +266,9 @@ def test_a_moved_topic_shows_in_the_stats_from_the_next_recomputation():
     c.stats_ms = 0
     c.t_conn[0] = 12_000
     assert c.stats_weight(0) == 1.0
-    # in a run, 12 s in (the topics still connecting one at a time): a broker's stats show the rates of
-    # its topics connected before the last recomputation, while its bandwidth carries every connected one
-    c = run.simulate(dataclasses.replace(_quiet(sc, report_noise_kb=0), duration_s=12), "modular")
+    # in a run, 6 s in (the topics connected in the first second, one recomputation since, at 5 s): a
+    # broker's stats show part of its topics' rates, while its bandwidth carries every connected one
+    c = run.simulate(dataclasses.replace(_quiet(sc, report_noise_kb=0), duration_s=6), "modular")
     lagging = 0
     for br in c.brokers.values():
         shown = sum(c.bundle_stats(c.bundles[b]).msgRateIn for b in br.bundles)
@@ -577,3 +577,133 @@ def test_a_brokers_own_capacity_changes_its_load_and_is_checked(tmp_path):
     f.write_text('name = "cap"\nbrokers = 2\n[capacity.broker-1]\ndisk = 40\n')
     with pytest.raises(scenario.ScenarioError, match="capacity.broker-1.disk"):
         scenario.load(f)
+
+
+# ------------------------------------------------------------------------------------------ the leave's model
+
+def test_a_broker_taking_topics_reports_their_clients_connecting():
+    """Our brokers count every byte on their client connections: a broker that takes many topics at
+    once reports their clients' lookups and producer/consumer commands as a burst (measured on our real
+    runs' leaves, bench/lb_sim.py `leave`). With connect_kb_* the simulated broker's next report carries
+    them, once; without, nothing; nothing else changes (the same seed, the same run otherwise)."""
+    sc = scenario.BUILTIN["small-6-3-6"]
+    quiet = dict(report_noise_kb=0, system_msg_overhead_bytes=0, stats_interval_ms=0)
+    off = run.simulate(dataclasses.replace(_quiet(sc, **quiet, connect_kb_in=0, connect_kb_out=0), duration_s=6),
+                       "modular")
+    on = run.simulate(dataclasses.replace(_quiet(sc, **quiet, connect_kb_in=2.0, connect_kb_out=2.0), duration_s=6),
+                      "modular")
+    link_kb = sc.sim_params().nic_mbytes * 1024
+    extra = 0.0
+    for b in on.load_series:
+        for (t, u_on), (t2, u_off) in zip(on.load_series[b], off.load_series[b]):
+            assert t == t2 and u_on >= u_off - 1e-12
+            if t >= 3:                         # every topic connected before 2 s: no burst after
+                assert u_on == pytest.approx(u_off, abs=1e-12)
+            extra += u_on - u_off
+    # each report is one second: its usage is KB/s over the link, so the excess sums to KB / link
+    assert extra == pytest.approx(len(on.t_name) * 2.0 / link_kb, rel=1e-6)
+
+
+def test_a_load_manager_gets_its_own_parameters_over_the_scenarios(tmp_path):
+    """[load_manager_params.X] overrides [params] for load manager X only: the two load managers' brokers
+    stop in their own ways (measured: a modular stop 0.36 s, an extensible one about 0.9 s, transfers
+    first), and the leave's stops follow each one's."""
+    f = tmp_path / "s.toml"
+    f.write_text('name = "x"\nbrokers = 4\nbundles = 8\ntopics = 20\npublishers = 20\nduration_s = 20\n'
+                 '[params]\ngraceful_unload_ms = 300\n[load_manager_params.extensible]\ngraceful_unload_ms = 900\n'
+                 '[[events]]\nat_s = 5\nkind = "leave"\ncount = 2\nsequential = true\n')
+    sc = scenario.load(f)
+    assert sc.sim_params().graceful_unload_ms == 300 and sc.sim_params("modular").graceful_unload_ms == 300
+    assert sc.sim_params("extensible").graceful_unload_ms == 900
+    for lm, each in (("modular", 300), ("extensible", 900)):
+        c = run.simulate(sc, lm)
+        inv = next(t for t, kind, f_, _ in c.nemesis if kind == "invoke" and f_ == "start-scale")
+        ok = next(t for t, kind, f_, _ in c.nemesis if kind == "ok" and f_ == "start-scale")
+        assert ok - inv == pytest.approx(2 * each, abs=2)
+    for text, where in (('[load_manager_params.both]\ngraceful_unload_ms = 1\n', "load_manager_params.both"),
+                        ('load_manager_params = 3\n', "load_manager_params"),
+                        ('[load_manager_params.modular]\ngraceful = 1\n', "load_manager_params.modular")):
+        f.write_text('name = "x"\n' + text)
+        with pytest.raises(scenario.ScenarioError) as e:
+            scenario.load(f)
+        assert e.value.where == where and "\n" not in str(e.value)
+
+
+def test_the_leave_measures_recover_what_a_run_holds(tmp_path):
+    """bench/lb_sim.py's measures of a real leave, on a made-up run whose answers are known: the topic
+    loads from the node log (a bundle's lock taken, then its topics loaded; one load 10 s later is not a
+    waiting client's), and the connect bytes per topic a broker took beyond its topics' own rate."""
+    from bench import lb_sim
+    from clusters.loadbalancer.bundles import topic_hash
+    from core.history import Op
+    log = tmp_path / "nodes" / "broker-1" / "node.log"
+    log.parent.mkdir(parents=True)
+    lines = ["2026-11-28 08:59:56,600 broker-1 INFO clusters.loadbalancer.zk_ownership: acquired bundle "
+             "public/default/0x00000000_0xffffffff"]
+    for ms, t in ((640, "a"), (700, "b"), (900, "c")):
+        lines.append(f"2026-11-28 08:59:56,{ms} broker-1 INFO clusters.broker.service: loaded topic "
+                     f"persistent://public/default/{t}")
+    lines.append("2026-11-28 09:00:06,700 broker-1 INFO clusters.broker.service: loaded topic persistent://public/default/d")
+    log.write_text("\n".join(lines) + "\n")
+    assert all(topic_hash(f"persistent://public/default/{t}") < 0xffffffff for t in "abcd")
+    assert lb_sim.topic_loads(tmp_path) == pytest.approx([0.04, 0.1, 0.3], abs=1e-5)
+    # a remaining broker at 1 KB/s per topic in, 2 out, with 10 topics; at 61 s it takes 20 more whose
+    # clients cost 0.5 KB in and 0.25 out each, seen in the reports of 61 and 62 s
+    link_kb, s = 100.0, 1_000_000_000
+    ops = []
+    for t in range(20, 64):
+        topics = 10 if t < 61 else 30
+        kin, kout = topics * 1.0, topics * 2.0
+        if t == 61:
+            kin, kout = kin + 6.0, kout + 3.0
+        if t == 62:
+            kin, kout = kin + 4.0, kout + 2.0
+        ops.append(Op(-2, "ok", "lb-event", value={"event": "load-report", "broker": "b1", "logged_by": "broker-1",
+                                                    "bandwidthIn": kin / link_kb * 100, "bandwidthOut": kout / link_kb * 100,
+                                                    "numTopics": topics}, time_ns=t * s))
+    got = lb_sim._connect_bytes(ops, 60 * s, 60 * s + s // 2, ["broker-2"], link_kb)
+    assert got == {"in": pytest.approx(0.5), "out": pytest.approx(0.25), "brokers": 1}
+    # a leaving broker is not one that took topics
+    assert lb_sim._connect_bytes(ops, 60 * s, 60 * s + s // 2, ["broker-1"], link_kb) is None
+
+
+@pytest.mark.parametrize("lm", ["modular", "extensible"])
+def test_a_sequential_leave_stops_each_broker_once_the_last_is_gone(lm):
+    """The scale nemesis stops the next broker when the previous one has exited. A next stop in the same
+    instant as the last one's exit let the extensible broker hand its bundles to the broker just leaving
+    (seen: up to 12 of 16 bundles Owned by a broker gone, until the leader's monitor a minute later, in
+    seeds 1 and 2 among others); our brokers had every bundle owned again within 3 s. Now no stop begins
+    before the previous broker is gone, a stopping extensible broker reports no more (our broker cancels
+    its timers first: a drained broker's empty report made it the shedder's destination), and 3 s after
+    the leave every bundle with topics is owned by a live broker. (The leader can still shed to a broker
+    that is stopping, from its last report, as ours can: seed 8.)"""
+    sc = scenario.BUILTIN["small-6-3-6"]
+    for seed in (1, 2):
+        c = run.LOAD_MANAGERS[lm](sc, sc.lb_settings(), sc.sim_params(lm), seed)
+        stops: list[tuple[int, str, str]] = []
+        orig_stopping, orig_stopped = c.broker_stopping, c.broker_stopped
+        c.broker_stopping = lambda b: (stops.append((c.sim.now_ms, "stopping", b)), orig_stopping(b))[1]
+        c.broker_stopped = lambda b: (stops.append((c.sim.now_ms, "stopped", b)), orig_stopped(b))[1]
+        at = 60_000
+        after: dict[str, tuple[str | None, str | None]] = {}
+        live: set[str] = set()
+
+        def snap() -> None:
+            live.update(b for b in c.order if c.brokers[b].up)
+            for n, b in c.bundles.items():
+                rec = c.view.get(n) if lm == "extensible" else None
+                after[n] = (b.owner, rec.state.value if rec is not None else None)
+        c.sim.at(at + 3 * c.p.graceful_unload_ms + 3000, snap)
+        c.run()
+        leave = [s for s in stops if at <= s[0] < at + 10_000]
+        assert [k for _, k, _ in leave] == ["stopping", "stopped"] * 3       # never two at once
+        for (t1, _, b1), (t2, _, b2) in zip(leave[::2], leave[1::2]):
+            assert b1 == b2 and t2 - t1 == pytest.approx(c.p.graceful_unload_ms, abs=1)
+        assert len(live) == 3
+        with_topics = [n for n in after if c.bundles.get(n) is not None and c.bundles[n].topics]
+        assert with_topics and all(after[n][0] in live for n in with_topics)
+        if lm == "extensible":
+            assert all(after[n][1] == "Owned" for n in with_topics)
+            for (t1, _, b), (t2, _, _) in zip(leave[::2], leave[1::2]):
+                assert not [t for t, e in c.lb_events if e["event"] == "load-report" and e["broker"] == b
+                            and t1 < t < t2]

@@ -110,3 +110,29 @@ def test_a_worker_looks_up_through_its_home_broker_or_every_broker_home_first():
     assert url({"lookup": "all"}, 1) == "pulsar://10.0.0.2:6650,10.0.0.3:6650,10.0.0.1:6650"
     with pytest.raises(SpecError, match="lookup"):
         url({"lookup": "any"}, 0)
+
+
+@pytest.mark.parametrize("ahead", [0, 12])
+def test_queue_subscribe_ahead_creates_the_subscription_in_prepare(monkeypatch, ahead):
+    """subscribe_ahead_s: the queue's subscription is made through the admin API before anything is
+    sent (at the latest position, Pulsar's createSubscription default); without it prepare makes none."""
+    from pathlib import Path
+    from workloads.base import Context
+    made = []
+    monkeypatch.setattr(queue, "create_subscription", lambda urls, topic, sub: made.append((topic, sub)))
+    spec = Spec(workload="queue", options={"subscribe_ahead_s": ahead}).validate(catalog=CATALOG)
+    queue.prepare(Context(run_dir=Path("."), spec=spec, cluster={"nodes": []}, keys=TOPICS))
+    assert made == ([(t, queue.SUBSCRIPTION) for t in TOPICS] if ahead else [])
+
+
+def test_the_balance_workloads_payload_pads_the_value_and_reads_back():
+    """`payload` pads each send's value with spaces to N bytes (the workload's bytes, not the brokers'
+    own, then dominate their load); the value reads back as the same int; the option is a whole number."""
+    from workloads.base import decode_value
+    spec = Spec(workload="balance", options={"payload": 4096}).validate(catalog=CATALOG)
+    assert spec.options["payload"] == 4096
+    for v in (10_000_001, 123):
+        raw = str(v).encode().ljust(4096)
+        assert len(raw) == 4096 and decode_value(raw) == v
+    with pytest.raises(SpecError, match="payload"):
+        Spec(workload="balance", options={"payload": "big"}).validate(catalog=CATALOG)

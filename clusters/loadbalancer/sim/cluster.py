@@ -75,9 +75,10 @@ class Broker:
     bytes_out: float = 0.0
     topics: int = 0
     epoch: int = 0                # bumped on every stop: callbacks of an older life are dropped
-    sys_acc_in: float = 0.0       # bytes of the load manager's own system topics served here since the
-    sys_acc_out: float = 0.0      # last report (extensible.ExtensibleCluster.system_message)
+    sys_acc_in: float = 0.0       # bytes beyond the topics' messages served here since the last report: the
+    sys_acc_out: float = 0.0      # extensible load manager's system topics, topics' clients connecting
     sys_at: int = 0               # when the last report took them
+    burst: bool = False           # the last report carried some: the next is a new sample
 
 
 class Cluster:
@@ -263,6 +264,9 @@ class Cluster:
             kb_in += br.sys_acc_in / 1024 / span
             kb_out += br.sys_acc_out / 1024 / span
             br.sys_acc_in = br.sys_acc_out = 0.0
+            br.burst = True              # the next report is without them
+        else:
+            br.burst = False
         br.sys_at = self.sim.now_ms
         if p.report_noise_kb > 0:
             # counting noise: one draw for both directions (a second's messages are counted on the way in
@@ -353,6 +357,10 @@ class Cluster:
             self.t_broker[t] = owner
             self.t_conn[t] = self.sim.now_ms
             self._account(t, owner, +1)
+            if p.connect_kb_in or p.connect_kb_out:
+                # its clients' lookups, producer and consumer commands, counted in the broker's next report
+                br.sys_acc_in += p.connect_kb_in * 1024
+                br.sys_acc_out += p.connect_kb_out * 1024
             self.connected_pubs += self.t_pubs[t]
             self.gaps.append((self.t_since[t], self.sim.now_ms, self.t_rate[t]))
             self.t_pending[t] = False
@@ -424,9 +432,13 @@ class Cluster:
             self._live = None
             self.broker_started(broker)
 
-    def stop_broker(self, broker: str, then_restart: bool = False) -> None:
+    def stop_broker(self, broker: str, then_restart: bool = False, then: Callable[[], None] | None = None) -> None:
+        """A graceful stop: the load manager's part at once, the broker gone graceful_unload_ms later;
+        `then` runs once it is gone (the scale nemesis stops the next broker when the last has exited)."""
         br = self.brokers[broker]
         if not br.up:
+            if then is not None:
+                then()
             return
         self.broker_stopping(broker)
 
@@ -440,6 +452,8 @@ class Cluster:
             self.broker_stopped(broker)
             if then_restart:
                 self.sim.after(self.p.broker_restart_ms, self._restarted, broker)
+            if then is not None:
+                then()
         self.sim.after(self.p.graceful_unload_ms, gone)
 
     def _restarted(self, broker: str) -> None:
@@ -470,17 +484,22 @@ class Cluster:
             self.mark("leave", f"{len(targets)} brokers")
             names = [self.brokers[b].name for b in targets]
             self.nemesis.append((self.sim.now_ms, "invoke", "start-scale", {"role": "broker", "nodes": names}))
-            # at once, or (sequential) one after another, each when the previous one is gone, as the scale
-            # nemesis stops them
-            step = self.p.graceful_unload_ms if e.sequential else 0
-            for i, b in enumerate(targets):
-                if step:
-                    self.sim.after(i * step, self.stop_broker, b)
-                else:
+            # at once, or (sequential) one after another, each once the previous one is gone (not in the same
+            # instant: a broker stopping then would hand its bundles to one leaving), as the scale nemesis
+            # stops them
+            def done() -> None:
+                self.nemesis.append((self.sim.now_ms, "ok", "start-scale", {"role": "broker", "nodes": names}))
+            if e.sequential:
+                def next_stop(i: int) -> None:
+                    if i >= len(targets):
+                        self.sim.after(1, done)
+                        return
+                    self.stop_broker(targets[i], then=lambda: self.sim.after(0, next_stop, i + 1))
+                next_stop(0)
+            else:
+                for b in targets:
                     self.stop_broker(b)
-            self.sim.after(self.p.graceful_unload_ms + step * (len(targets) - 1) + 1,
-                           lambda: self.nemesis.append((self.sim.now_ms, "ok", "start-scale",
-                                                        {"role": "broker", "nodes": names})))
+                self.sim.after(self.p.graceful_unload_ms + 1, done)
         elif e.kind == "join":
             targets = [b for b in self.order if not self.brokers[b].up][:n]
             self.mark("join", f"{len(targets)} brokers")

@@ -65,6 +65,7 @@ class ExtensibleCluster(Cluster):
         self._top_sent: dict[str, str] = {}                   # the top-bundles body last published, per broker
         self.republish_until = 0                              # ms: every broker pushes its load data until then
         self.push: set[str] = set()                           # brokers whose next report pushes (new leader)
+        self.draining: set[str] = set()                       # stopping: transferring away, timers stopped
 
     # -- the system topics' traffic ----------------------------------------------------------------
     def system_message(self, payload_bytes: int, readers: int) -> None:
@@ -209,7 +210,9 @@ class ExtensibleCluster(Cluster):
                 self.event("leader", broker=new)
 
     def broker_stopping(self, broker: str) -> None:
-        """cleanOwnerships: every bundle the broker owns is transferred (graceful override)."""
+        """cleanOwnerships: every bundle the broker owns is transferred (graceful override); its timers
+        stop (report_round), while it stays registered until it is gone, as our broker's stop."""
+        self.draining.add(broker)
         others = [b for b in self.live() if b != broker]
         now = self.sim.now_ms
         for key in cleanup_targets(self.view, broker):
@@ -218,6 +221,7 @@ class ExtensibleCluster(Cluster):
             self.publish(key, override_ownership(key, orphan, sel, True, now))
 
     def broker_stopped(self, broker: str) -> None:
+        self.draining.discard(broker)
         self._top_sent.pop(broker, None)
         self.published.pop(broker, None)
         self.top.pop(broker, None)
@@ -275,7 +279,9 @@ class ExtensibleCluster(Cluster):
             self.top[broker] = top
 
     def report_round(self) -> None:
-        live = self.live()
+        # a stopping broker's timers (reporter, split scheduler, the leader's tasks) are cancelled first
+        # (extensible_manager.py stop): its last published load data stays as it was
+        live = [b for b in self.live() if b not in self.draining]
         for b in live:
             self._report(b)
         now = self.sim.now_ms
@@ -284,14 +290,15 @@ class ExtensibleCluster(Cluster):
             self.last_split = now
             for b in live:
                 self._split(b)
-        if self.leader is None:
+        if self.leader is None or self.leader in self.draining:
             return
+        registered = self.live()        # the leader sees a stopping broker until it unregisters
         if now - self.last_shed >= s.loadBalancerSheddingIntervalMinutes * 60_000:
             self.last_shed = now
-            self._shed(live)
+            self._shed(registered)
         if now - self.last_monitor >= s.loadBalancerServiceUnitStateMonitorIntervalInSeconds * 1000:
             self.last_monitor = now
-            self._monitor(live)
+            self._monitor(registered)
 
     # -- the leader: shedding and the monitor -------------------------------------------------------
     def _shed(self, live: list[str]) -> None:

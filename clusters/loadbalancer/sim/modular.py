@@ -143,7 +143,7 @@ class ModularCluster(Cluster):
     def _report(self, broker: str) -> None:
         br = self.brokers[broker]
         local = self.local[broker]
-        if br.dirty or self.noisy:
+        if br.dirty or self.noisy or br.burst or br.sys_acc_in or br.sys_acc_out:
             u = self.usage(br)
             local.update(self.broker_stats(br), cpu=u["cpu"], memory=u["memory"], direct_memory=u["directMemory"],
                          bandwidth_in=u["bandwidthIn"], bandwidth_out=u["bandwidthOut"])

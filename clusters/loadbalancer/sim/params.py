@@ -29,7 +29,8 @@ SOURCES: dict[str, str] = {
     "backoff_max_ms": "Pulsar client default: max back-off 60 s (ClientBuilder.maxBackoffInterval)",
     "backoff_jitter": "Pulsar client's Backoff adds up to 10 % random jitter",
     "broker_restart_ms": "assumed: a broker process stopped and started again and registered, 30 s",
-    "graceful_unload_ms": "assumed: a broker's graceful shutdown unloads its bundles in ~5 s before exiting",
+    "graceful_unload_ms": "assumed: a broker's graceful shutdown unloads its bundles in ~5 s before exiting; the "
+                          "validation scenario's is measured on our real runs (each stop of a leave, per load manager)",
     "publish_ms": "assumed: a publish's latency while the topic is connected, 5 ms (p50 of our runs' sends)",
     "cpu_per_msg_us": "assumed: 20 us of CPU per message in + out on a broker",
     "cpu_cores": "assumed: 8 cores per broker",
@@ -50,6 +51,11 @@ SOURCES: dict[str, str] = {
                                  "these bytes on the leader, which owns those topics (once in, once per reader out), "
                                  "as on our brokers; the validation scenario's is a workload message's wire bytes "
                                  "beyond its payload, measured on our real runs",
+    "connect_kb_in": "0 by default. KB a topic's clients send the broker it connects to beyond their messages "
+                     "(lookups, producer and consumer commands), counted in that broker's next report: a broker that "
+                     "takes many topics at once reports a burst. The validation scenario's is measured on our real "
+                     "runs' leaves (`python -m bench.lb_sim leave`, bench/README.md)",
+    "connect_kb_out": "0 by default. The same, from the broker to the clients (answers, redelivered messages)",
     "stats_interval_ms": "0 by default: a bundle's rates are exact at every moment. Above 0, they are recomputed "
                          "every stats_interval_ms as our brokers' Rates do (clusters/broker/service.py "
                          "RATE_INTERVAL_S = 5 s): a topic shows nothing until the first recomputation after it "
@@ -87,6 +93,8 @@ class SimParams:
     base_kb_s: float = 0.0
     stats_interval_ms: float = 0.0
     system_msg_overhead_bytes: float = 0.0
+    connect_kb_in: float = 0.0
+    connect_kb_out: float = 0.0
     balance_band: float = 0.10
     balance_hold_s: float = 15.0
     balance_smooth_s: float = 0.0

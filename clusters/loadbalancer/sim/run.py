@@ -24,7 +24,7 @@ def simulate(scenario: Scenario, load_manager: str, *, settings: Mapping[str, An
              progress: Callable[[str], None] | None = None) -> Cluster:
     """Run `scenario` with one load manager; `settings` override the scenario's load balancer settings."""
     cls = LOAD_MANAGERS[load_manager]
-    c = cls(scenario, scenario.lb_settings(settings), scenario.sim_params(), seed, progress)
+    c = cls(scenario, scenario.lb_settings(settings), scenario.sim_params(load_manager), seed, progress)
     c.run()
     return c
 

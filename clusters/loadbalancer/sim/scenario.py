@@ -20,6 +20,8 @@ A scenario file is TOML:
     loadBalancerSheddingIntervalMinutes = 0.0833
     [params]                    # simulator parameters (params.py)
     topic_load_ms = 20
+    [load_manager_params.extensible]   # parameters for one load manager only, over [params]
+    graceful_unload_ms = 950           # (its brokers stop in their own way: the extensible one transfers first)
     [[events]]                  # kind: restart | leave | join | hotspot | rate
     at_s = 60
     kind = "leave"
@@ -54,6 +56,7 @@ from clusters.loadbalancer.sim.params import SimParams
 METRICS = ("reconnect", "p9999", "balance", "split")
 CAPACITY_KEYS = ("nic_mbytes", "cpu_cores")
 EVENT_KINDS = ("restart", "leave", "join", "hotspot", "rate")
+LOAD_MANAGER_NAMES = ("modular", "extensible")
 
 
 class ScenarioError(ValueError):
@@ -106,6 +109,7 @@ class Scenario:
     events: tuple[Event, ...] = ()
     seed: dict[str, str] = field(default_factory=dict)
     capacity: dict[str, dict[str, float]] = field(default_factory=dict)
+    load_manager_params: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def up_at_start(self) -> int:
@@ -120,11 +124,17 @@ class Scenario:
             raise ScenarioError("settings", str(e), "use a setting of clusters/loadbalancer/settings.py "
                                                     "with a value of its type") from None
 
-    def sim_params(self) -> SimParams:
+    def sim_params(self, load_manager: str | None = None) -> SimParams:
+        """The simulator's parameters: [params], and over them [load_manager_params.LOAD_MANAGER]'s."""
+        where = "params"
+        merged = dict(self.params)
+        if load_manager is not None and load_manager in self.load_manager_params:
+            where = f"load_manager_params.{load_manager}"
+            merged.update(self.load_manager_params[load_manager])
         try:
-            return SimParams.from_mapping(self.params)
+            return SimParams.from_mapping(merged)
         except ValueError as e:
-            raise ScenarioError("params", str(e), "use a parameter of clusters/loadbalancer/sim/params.py") from None
+            raise ScenarioError(where, str(e), "use a parameter of clusters/loadbalancer/sim/params.py") from None
 
     def scaled(self, *, brokers: int | None = None, bundles: int | None = None, topics: int | None = None,
                publishers: int | None = None) -> "Scenario":
@@ -241,6 +251,16 @@ def from_mapping(raw: Mapping[str, Any], origin: str = "scenario") -> Scenario:
             if not isinstance(raw[k], dict):
                 raise ScenarioError(k, "is not a table", f"write [{k}] with name = value lines")
             kw[k] = dict(raw[k])
+    if "load_manager_params" in raw:
+        lmp = raw["load_manager_params"]
+        if not isinstance(lmp, dict) or not all(isinstance(v, dict) for v in lmp.values()):
+            raise ScenarioError("load_manager_params", "is not a table of load managers",
+                                f"write [load_manager_params.{LOAD_MANAGER_NAMES[0]}] with name = value lines")
+        for lm in lmp:
+            if lm not in LOAD_MANAGER_NAMES:
+                raise ScenarioError(f"load_manager_params.{lm}", "is not a load manager",
+                                    f"use one of {', '.join(LOAD_MANAGER_NAMES)}")
+        kw["load_manager_params"] = {lm: dict(v) for lm, v in lmp.items()}
     if "events" in raw:
         if not isinstance(raw["events"], list):
             raise ScenarioError("events", "is not a list of tables", "write each event as [[events]]")
@@ -279,6 +299,8 @@ def validate(s: Scenario) -> None:
                                 f"use an index in 0..{s.namespaces - 1}")
     s.lb_settings()
     s.sim_params()
+    for lm in s.load_manager_params:
+        s.sim_params(lm)
 
 
 def load(path: str | Path) -> Scenario:
@@ -352,18 +374,40 @@ _add(Scenario(
     # measured on our real runs' reports before the leave (`python -m bench.lb_sim calibrate`, bench/README.md
     # "Validation against our real cluster"): the workload's sends a second, wire bytes a message and a
     # broker's bytes without topics, the reports' counting noise, a system message's overhead; the link is
-    # the runs' 0.00007 Gbps. Topics loaded one at a time in 0.8 s (a leaving broker's producers back in
-    # ~20 s, as theirs); settling judged on 15-s averages as theirs; the brokers' rates recomputed every 5 s
+    # the runs' 0.00007 Gbps. Measured on our real runs' leaves (`python -m bench.lb_sim leave`): a graceful
+    # stop's duration per load manager (modular 0.355 s: one run's three stops in 1.065 s; extensible 0.93 s,
+    # the mean of five runs': it transfers its bundles first), a topic's load once its client is answered
+    # (89 ms, the median from a bundle's lock to its topics loaded; loads overlap: the default concurrency),
+    # the bytes a topic's clients cost the broker that takes it (0.483 KB in, 0.303 out: nine brokers of
+    # four runs). Settling judged on 15-s averages as theirs; the brokers' rates recomputed every 5 s
     # (clusters/broker/service.py RATE_INTERVAL_S). The leaving brokers are drawn at random and stopped one
     # after another, as the scale nemesis does.
     msg_rate=117.2, msg_size=92,
     params={"nic_mbytes": 0.00896, "report_noise_kb": 0.096, "base_kb_s": 0.245, "system_msg_overhead_bytes": 37,
-            "graceful_unload_ms": 3000, "topic_load_ms": 800, "topic_load_concurrency": 1, "balance_smooth_s": 15,
-            "stats_interval_ms": 5000},
+            "graceful_unload_ms": 355, "topic_load_ms": 89, "connect_kb_in": 0.483, "connect_kb_out": 0.303,
+            "balance_smooth_s": 15, "stats_interval_ms": 5000},
+    load_manager_params={"extensible": {"graceful_unload_ms": 930}},
     events=(Event(at_s=60, kind="leave", count=3, random=True, sequential=True),
             Event(at_s=180, kind="join", count=3)),
     seed={"modular": "6 -> 3: 14-91 s, 3 -> 6: 14-125 s, 47-60 unloads (our real cluster, bench/README.md)",
           "extensible": "not settled after either event in 5 of 5, 4-20 unloads (our real cluster, bench/README.md)",
+          "ours": "settling time after each scale event (15 s band), unloads"}))
+_add(dataclasses.replace(
+    BUILTIN["small-6-3-6"], name="small-6-3-6-payload",
+    description="the validation scenario with 4 KB payloads on 3 Mbit/s links, so that the workload, not the "
+                "extensible load manager's system topics, dominates a broker's usage (bench/lb_scale.py "
+                "--payload 4096 --lb-setting loadBalancerOverrideBrokerNicSpeedGbps=0.003)",
+    # measured on those five real runs (/work/lbscale-ext-payload, bench/README.md) before the leave (`python -m
+    # bench.lb_sim calibrate`): sends, wire bytes a message, counting noise, a system message's overhead; the
+    # bytes without topics came out at -1.6 KB/s, not measurable against ~80 KB/s a broker: 0. On their leaves
+    # (`leave`): an extensible stop 0.958 s. The link is 0.003 Gbps (0.384 MB/s). The connecting clients'
+    # bytes are small-6-3-6's (their commands do not grow with the payload; measured here they drown in the
+    # workload's own dip after a leave). The rest as small-6-3-6.
+    msg_rate=114.7, msg_size=4454,
+    params={**BUILTIN["small-6-3-6"].params, "nic_mbytes": 0.384, "report_noise_kb": 5.524, "base_kb_s": 0.0,
+            "system_msg_overhead_bytes": 311},
+    load_manager_params={"extensible": {"graceful_unload_ms": 958}},
+    seed={"extensible": "our real cluster, bench/README.md 'Validation against our real cluster'",
           "ours": "settling time after each scale event (15 s band), unloads"}))
 _add(Scenario(
     name="tiny", metric="reconnect",
