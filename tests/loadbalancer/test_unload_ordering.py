@@ -98,3 +98,47 @@ def test_a_stale_retake_never_deletes_another_brokers_lock(zk):
             await s1.close()
             await s2.close()
     asyncio.run(scenario())
+
+
+def test_a_topic_load_that_began_before_the_unload_is_not_served_after_it(zk, monkeypatch):
+    """A producer's topic load began while broker 1 owned the bundle (its managed ledger still opening:
+    on a new owner that recovers the previous owner's ledgers and creates a new one) and ends after the
+    unload released the lock. The storm run's case: the old owner then registered the topic and
+    acknowledged a send on its new ledger 2 s after the unload. The load must check ownership again
+    before the topic is served, and close its ledger instead. The ledger is the in-memory one of
+    tests/broker/memory.py (ZooKeeper, the ownership and the service are the real ones)."""
+    from clusters.broker import service as service_mod
+    from tests.broker.memory import MemoryManagedLedger, MemoryStorage
+
+    storage = MemoryStorage()
+    opening, go = asyncio.Event(), asyncio.Event()
+    opened: list[MemoryManagedLedger] = []
+
+    async def gated_open(name: str, *_a, **_kw) -> MemoryManagedLedger:
+        opening.set()
+        await asyncio.wait_for(go.wait(), STEP_S)
+        opened.append(MemoryManagedLedger(name, storage))
+        return opened[-1]
+    monkeypatch.setattr(service_mod.ManagedLedger, "open", staticmethod(gated_open))
+
+    async def scenario() -> None:
+        svc = BrokerService(_cfg(zk, 1))
+        await svc.store.start()
+        try:
+            own = svc.ownership
+            await own.start()
+            assert (await own.lookup(TOPIC, authoritative=True)).kind == "connect"
+            load = asyncio.create_task(svc.get_topic(TOPIC))           # a producer's topic
+            await asyncio.wait_for(opening.wait(), STEP_S)
+            closed = await asyncio.wait_for(svc.unload_bundle(own.bundle(TOPIC)), STEP_S)
+            assert closed == [] and await own.owner(own.bundle(TOPIC)) is None
+            go.set()
+            try:
+                got = await asyncio.wait_for(load, STEP_S)
+                raise AssertionError(f"the old owner serves {got} after giving its bundle up")
+            except ServiceUnitNotReady as e:
+                assert "not served by this instance" in str(e)
+            assert TOPIC not in svc.topics and opened and opened[0].closed
+        finally:
+            await svc.store.close()
+    asyncio.run(scenario())
