@@ -104,6 +104,14 @@ class BrokerService:
             self._compaction_task.cancel()
         if self.http is not None:
             await self.http.close()
+        # the bundles still owned stop being served before their topics close (Pulsar unloads each
+        # bundle gracefully: inactive first), so a client reconnecting on an open connection or a load
+        # under way does not open a topic here again between its close and the lock's release
+        stopping = [] if early else list(self.ownership.owned)
+        marks = getattr(self.ownership, "unloading", None)
+        self._unloading.update(stopping)
+        if marks is not None:
+            marks.update(stopping)
         for name in list(self.topics):
             await self._unload_topic(name)
         await self.non_persistent.close_all()
@@ -112,6 +120,9 @@ class BrokerService:
                 await self.load_manager.stop()      # gives up the bundles, as disableBroker does
         except Exception as e:
             log.warning("stopping the load manager: %s", e)
+        self._unloading.difference_update(stopping)
+        if marks is not None:
+            marks.difference_update(stopping)
         for cnx in list(self.connections):
             try:
                 cnx.close()

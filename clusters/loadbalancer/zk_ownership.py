@@ -138,6 +138,8 @@ class ZkOwnership:
 
     async def _reclaim(self) -> None:
         for bundle in list(self.owned):
+            if bundle not in self.owned or bundle in self.unloading:
+                continue                          # unloaded meanwhile: not to be locked again
             try:
                 await self.store.create(bundle.path, self._my_data(), ephemeral=True, makepath=True)
                 log.info("re-claimed bundle %s", bundle)

@@ -142,3 +142,54 @@ def test_a_topic_load_that_began_before_the_unload_is_not_served_after_it(zk, mo
         finally:
             await svc.store.close()
     asyncio.run(scenario())
+
+
+def test_a_stopping_broker_opens_no_topic_between_closing_its_topics_and_releasing_its_bundles(zk, monkeypatch):
+    """A graceful stop closes the topics, then releases the bundles. A producer told to reconnect by the
+    close, on a connection still open, used to find the bundle still owned and load the topic again: a
+    new ledger on a broker about to give the bundle up. The bundles stop being served first."""
+    from clusters.broker import service as service_mod
+    from tests.broker.memory import MemoryManagedLedger, MemoryStorage
+
+    storage = MemoryStorage()
+    closing, go = asyncio.Event(), asyncio.Event()
+
+    async def open_(name: str, *_a, **_kw) -> MemoryManagedLedger:
+        return MemoryManagedLedger(name, storage)
+    monkeypatch.setattr(service_mod.ManagedLedger, "open", staticmethod(open_))
+
+    async def scenario() -> None:
+        svc = BrokerService(_cfg(zk, 1))
+        await svc.store.start()
+        stop = None
+        try:
+            own = svc.ownership
+            await own.start()
+            assert (await own.lookup(TOPIC, authoritative=True)).kind == "connect"
+            t = await asyncio.wait_for(svc.get_topic(TOPIC), STEP_S)
+            real_close = t.ml.close
+
+            async def gated_close() -> None:          # the topic's ledger closes slowly
+                closing.set()
+                await asyncio.wait_for(go.wait(), STEP_S)
+                await real_close()
+            t.ml.close = gated_close
+            stop = asyncio.create_task(svc.stop())
+            await asyncio.wait_for(closing.wait(), STEP_S)
+            try:
+                got = await asyncio.wait_for(svc.get_topic(TOPIC), STEP_S)
+                raise AssertionError(f"the stopping broker loaded {got} again")
+            except ServiceUnitNotReady:
+                pass
+            res = await own.lookup(TOPIC, authoritative=False)
+            assert res.kind == "failed" and res.error == "ServiceNotReady", res
+            go.set()
+            await asyncio.wait_for(stop, STEP_S)
+            assert TOPIC not in svc.topics
+        finally:
+            go.set()
+            if stop is not None and not stop.done():
+                await asyncio.wait_for(stop, STEP_S)
+            if svc.store.connected:
+                await svc.store.close()
+    asyncio.run(scenario())
