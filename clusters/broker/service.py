@@ -104,6 +104,14 @@ class BrokerService:
             self._compaction_task.cancel()
         if self.http is not None:
             await self.http.close()
+        # the bundles still owned stop being served before their topics close (Pulsar unloads each
+        # bundle gracefully: inactive first), so a client reconnecting on an open connection or a load
+        # under way does not open a topic here again between its close and the lock's release
+        stopping = [] if early else list(self.ownership.owned)
+        marks = getattr(self.ownership, "unloading", None)
+        self._unloading.update(stopping)
+        if marks is not None:
+            marks.update(stopping)
         for name in list(self.topics):
             await self._unload_topic(name)
         await self.non_persistent.close_all()
@@ -112,6 +120,9 @@ class BrokerService:
                 await self.load_manager.stop()      # gives up the bundles, as disableBroker does
         except Exception as e:
             log.warning("stopping the load manager: %s", e)
+        self._unloading.difference_update(stopping)
+        if marks is not None:
+            marks.difference_update(stopping)
         for cnx in list(self.connections):
             try:
                 cnx.close()
@@ -156,7 +167,7 @@ class BrokerService:
         loaded = self.topics.get(topic)
         if loaded is not None and not loaded.closed:
             return loaded
-        if not self.ownership.owns(topic):
+        if not self._serves(topic):
             raise ServiceUnitNotReady(
                 f"Namespace bundle for topic {topic} not served by this instance. Please redo the lookup")
         pending = self._loading.get(topic)
@@ -165,6 +176,13 @@ class BrokerService:
             self._loading[topic] = pending
             pending.add_done_callback(lambda _t, n=topic: self._loading.pop(n, None))
         return await asyncio.shield(pending)
+
+    def _serves(self, topic: str) -> bool:
+        """This broker owns the topic's bundle and is not unloading it (checkTopicNsOwnership)."""
+        if not self.ownership.owns(topic):
+            return False
+        bundle = self.ownership.bundle(topic)
+        return bundle not in self._unloading and bundle not in getattr(self.ownership, "unloading", ())
 
     async def _load_topic(self, topic: str) -> Topic:
         try:
@@ -214,6 +232,18 @@ class BrokerService:
         async def dedup_state() -> None:
             await t.dedup.apply(await self.deduplication_enabled(topic))
         await step("deduplication state", dedup_state())
+        # Ownership is checked again now that the load is done, with no wait between the check and the
+        # topic's registration: an unload of the bundle that began while the topic was loading has
+        # closed the bundle's loaded topics and may have released its lock, so a topic registered now
+        # would be served by a broker that gave the bundle up (Pulsar's unloadServiceUnit closes the
+        # topics still loading too; checkTopicNsOwnership guards the load)
+        if not self._serves(topic):
+            try:
+                await t.close("the bundle was unloaded while the topic loaded")
+            except Exception as e:  # noqa: BLE001
+                log.warning("closing topic %s loaded after its bundle's unload: %s", topic, e)
+            raise ServiceUnitNotReady(
+                f"Namespace bundle for topic {topic} not served by this instance. Please redo the lookup")
         self.topics[topic] = t
         log.info("loaded topic %s", topic)
         return t
@@ -308,7 +338,13 @@ class BrokerService:
     async def unload_bundle(self, bundle: Bundle) -> list[str]:
         """Stop serving a bundle: close its topics, then give up its ownership znode, so the next
         lookup assigns it afresh (Pulsar's bundle unload). Returns the topics closed."""
+        # Pulsar's order: the bundle stops being served here first (no lookup, acquire or topic load
+        # that began earlier makes it owned again: zk_ownership's `unloading`, _load_topic's last check),
+        # then its topics close (their producers fenced), then the lock is deleted
         self._unloading.add(bundle)           # lookups here answer "retry" until the znode is gone
+        marks = getattr(self.ownership, "unloading", None)
+        if marks is not None:
+            marks.add(bundle)
         try:
             self.ownership.owned.discard(bundle)
             names = [n for n in list(self.topics) if self.ownership.bundle(n) == bundle]
@@ -318,6 +354,8 @@ class BrokerService:
             await self.ownership.release(bundle)
         finally:
             self._unloading.discard(bundle)
+            if marks is not None:
+                marks.discard(bundle)
         return names
 
     # -- compaction by threshold (brokerServiceCompactionMonitorIntervalInSeconds) ---------------

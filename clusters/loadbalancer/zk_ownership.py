@@ -46,6 +46,14 @@ async def split_plan(store: MetadataStore, factory: BundleFactory, bundle: Bundl
     return nb, bounds, children, json.dumps(body, sort_keys=True).encode()
 
 
+def _lock_broker(data: bytes | None) -> str | None:
+    """The broker a lock's value names (None when it names none)."""
+    try:
+        return json.loads(data or b"{}").get("broker")
+    except (ValueError, AttributeError):
+        return None
+
+
 class ZkOwnership:
     """This broker's view and control of bundle ownership through ZooKeeper locks (the `Ownership`
     protocol of manager.py)."""
@@ -57,6 +65,10 @@ class ZkOwnership:
         self.knobs = Knobs(cfg.bugs, "broker")     # bug knobs (clusters/bugs.py)
         self.me = f"{cfg.host}:{cfg.port}"
         self.owned: set[Bundle] = set()
+        # bundles being unloaded (Pulsar's OwnedBundle made inactive before its topics close): from the
+        # moment an unload starts until its lock is deleted nothing here adds them to `owned` again,
+        # whatever a lookup or an acquire that began earlier reads from ZooKeeper meanwhile
+        self.unloading: set[Bundle] = set()
         self.on_lost = on_lost
         self.factory = BundleFactory(store, int(cfg.bundles))
         # the load manager's choice for an unowned bundle (clusters/loadbalancer/manager.py)
@@ -126,6 +138,8 @@ class ZkOwnership:
 
     async def _reclaim(self) -> None:
         for bundle in list(self.owned):
+            if bundle not in self.owned or bundle in self.unloading:
+                continue                          # unloaded meanwhile: not to be locked again
             try:
                 await self.store.create(bundle.path, self._my_data(), ephemeral=True, makepath=True)
                 log.info("re-claimed bundle %s", bundle)
@@ -194,7 +208,7 @@ class ZkOwnership:
         replaced is never locked again."""
         nb = await self.factory.get(bundle.namespace)
         for _ in range(3):
-            if bundle not in nb:
+            if bundle not in nb or bundle in self.unloading:
                 return ""
             try:
                 await self.store.transaction([("check", local_policies_path(bundle.namespace), nb.version),
@@ -202,8 +216,12 @@ class ZkOwnership:
             except NodeExists:
                 owner = await self.owner(bundle)
                 if owner == self.me:
+                    if bundle in self.unloading:
+                        return ""             # our lock, about to be deleted: not ours to serve
                     if await self.store.owner_session(bundle.path) != self.store.session_id:
                         return await self._retake(bundle)
+                    if bundle in self.unloading:
+                        return ""
                     self.owned.add(bundle)
                 return owner or ""
             except NoNode:
@@ -212,10 +230,24 @@ class ZkOwnership:
             except BadVersion:
                 nb = await self.factory.load(bundle.namespace)
                 continue
+            if bundle in self.unloading:
+                # an unload of this bundle began while the lock was being created (its release may have
+                # deleted the previous lock already): give the new one up, do not serve the bundle
+                await self._drop_new_lock(bundle)
+                return ""
             self.owned.add(bundle)
             log.info("acquired bundle %s", bundle)
             return self.me
         return await self.owner(bundle) or ""
+
+    async def _drop_new_lock(self, bundle: Bundle) -> None:
+        """Delete the lock this session just created for a bundle that is being unloaded."""
+        try:
+            got = await self.store.get_or_none(bundle.path)
+            if got is not None and await self.store.owner_session(bundle.path) == self.store.session_id:
+                await self.store.delete(bundle.path, version=got[1])
+        except Exception as e:  # noqa: BLE001 - the session's end removes it anyway
+            log.warning("giving up the new lock of bundle %s (being unloaded): %s", bundle, e)
 
     async def _retake(self, bundle: Bundle) -> str:
         """The lock names us but another session holds it: the one of this broker's previous
@@ -223,12 +255,17 @@ class ZkOwnership:
         ResourceLockImpl revalidates a lock it finds with its own value; adopting it as it is would let
         the old session's expiry delete it and hand the bundle to another broker while we serve it."""
         got = await self.store.get_or_none(bundle.path)
+        if got is not None and _lock_broker(got[0]) != self.me:
+            return _lock_broker(got[0]) or ""          # another broker's lock now: never delete it
         try:
             if got is not None:
                 await self.store.delete(bundle.path, version=got[1])
             await self.store.create(bundle.path, self._my_data(), ephemeral=True, makepath=True)
         except (NoNode, NodeExists, BadVersion):
             return await self.owner(bundle) or ""      # changed under us: whoever holds it now
+        if bundle in self.unloading:
+            await self._drop_new_lock(bundle)
+            return ""
         self.owned.add(bundle)
         log.info("acquired bundle %s (its lock was held by a previous session of this broker)", bundle)
         return self.me
@@ -311,6 +348,8 @@ class ZkOwnership:
         except ValueError as e:
             return LookupResult("failed", error="InvalidTopicName", message=str(e))
         bundle = self.bundle(topic)
+        if bundle in self.unloading:
+            return self._unloading_answer(bundle)
         if bundle in self.owned:
             # a bundle this broker owns is answered from its own ownership cache, not ZooKeeper (Pulsar's
             # OwnershipCache.getOwnerAsync), also while the session is gone (Pulsar keeps serving)
@@ -331,12 +370,24 @@ class ZkOwnership:
                                         message=f"bundle {bundle} was split meanwhile; look up again")
             elif owner == self.me and bundle not in self.owned:
                 owner = await self.acquire(bundle)     # a lock left by our previous incarnation
+            if bundle in self.unloading:
+                # the unload began while this lookup read ZooKeeper: whatever it read (our lock, not
+                # deleted yet), this broker does not serve the bundle any more
+                return self._unloading_answer(bundle)
+            if not owner:
+                return LookupResult("failed", error="ServiceNotReady",
+                                    message=f"bundle {bundle} changed hands meanwhile; look up again")
             if owner == self.me:
                 self.owned.add(bundle)
                 return LookupResult("connect", self.cfg.service_url, True)
             return LookupResult("connect", f"pulsar://{owner}", True)
         except Exception as e:   # ZooKeeper unreachable: the client retries the lookup
-            if bundle in self.owned:
+            if bundle in self.owned and bundle not in self.unloading:
                 return LookupResult("connect", self.cfg.service_url, True)
             return LookupResult("failed", error="ServiceNotReady",
                                 message=f"Failed to acquire ownership for {bundle}: {e}")
+
+    @staticmethod
+    def _unloading_answer(bundle: Bundle) -> LookupResult:
+        return LookupResult("failed", error="ServiceNotReady",
+                            message=f"Namespace bundle {bundle} is being unloaded; retry")
