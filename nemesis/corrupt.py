@@ -26,6 +26,18 @@ from nemesis.lifecycle import _last_line
 FLIPS = 16
 
 
+def _start(ctx: NemesisContext, name: str, out: dict[str, Any]) -> Any:
+    """Start the bookie again; `out` gets came_up (True), or error, and pid (None unless it runs)."""
+    try:
+        node = ctx.cluster.start(name)
+        out["came_up"] = True
+    except ClusterError as e:
+        out["error"] = str(e)
+        node = ctx.cluster.node(name)
+    out["pid"] = node.pid if node.alive else None
+    return node
+
+
 class DiskCorruptNemesis(Nemesis):
     """Kill a bookie, damage its newest entry log (`mode` "bitflip" or "truncate"), start it again.
 
@@ -69,13 +81,7 @@ class DiskCorruptNemesis(Nemesis):
             except ClusterError:
                 pass
             raise NemesisError(f"{self.name}: {e}") from None
-        try:
-            node = ctx.cluster.start(name)
-            value["came_up"] = True
-        except ClusterError as e:
-            value["error"] = str(e)
-            node = ctx.cluster.node(name)
-        value["pid"] = node.pid if node.alive else None
+        node = _start(ctx, name, value)
         value["last_log_line"] = _last_line(node.log)
         return value
 
@@ -87,13 +93,9 @@ class DiskCorruptNemesis(Nemesis):
         out: dict[str, Any] = {"node": name, "restarted": False, "came_up": node.alive, "error": None}
         if not node.alive:
             out["restarted"] = True
-            try:
-                node = ctx.cluster.start(name)
-                out["came_up"] = True
-            except ClusterError as e:
-                out["error"] = str(e)
-                node = ctx.cluster.node(name)
-        out["pid"] = node.pid if node.alive else None
+            node = _start(ctx, name, out)
+        else:
+            out["pid"] = node.pid
         self.applied = None
         return out
 
