@@ -57,17 +57,9 @@ class DiskCorruptNemesis(Nemesis):
     def start(self, ctx: NemesisContext, plan: dict[str, Any] | None = None) -> dict[str, Any]:
         self._check_idle()
         plan = plan if plan is not None else self.choose(ctx)
-        draw = {k: v for k, v in plan.items() if k not in ("pick", "draws")}
-        found = targets.resolve(ctx, self.selector, plan=draw)
-        roles = {n.name: n.role for n in ctx.cluster.nodes()}
-        candidates = [n for n in found["nodes"] if roles.get(n) == "bookie"]
-        if not candidates:
-            raise NemesisError(f"{self.name}: target {self.selector!r} resolved to {found['nodes']}, no bookie; "
-                               "use bookie, ledger-bookies or a bookie's name")
-        name = targets.pick(candidates, float(plan.get("pick", 0.0)))
+        name, found = targets.pick_running(ctx, self.name, self.selector, plan, ("bookie",), "bookie",
+                                           "bookie, ledger-bookies or a bookie's name")
         node = ctx.cluster.node(name)
-        if not node.alive:
-            raise NemesisError(f"{self.name}: {name} is not running")
         value: dict[str, Any] = {"node": name, "old_pid": node.pid, "selector": self.selector, "target": found,
                                  "mode": self.mode, "corrupted": None, "came_up": False, "error": None}
         self.applied = value
