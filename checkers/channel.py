@@ -239,11 +239,15 @@ class Oracle:
             rec = record(raw)
         except RecordError:
             return False, UNDECODABLE, prev, None
-        why = reject_reason(prev, rec)
+        why = self.reject_reason(prev, rec)
         if why is not None:
             return False, why, prev, rec
         self.table[key] = rec
         return True, None, prev, rec
+
+    def reject_reason(self, prev: dict | None, rec: dict) -> str | None:
+        """Why the resolver refuses `rec` over `prev` (None: accepted)."""
+        return reject_reason(prev, rec)
 
 
 class StoreOracle(Oracle):
@@ -252,17 +256,8 @@ class StoreOracle(Oracle):
     record each read finds (writes between two reads are not seen), so a record read is the bundle's record
     as it is, not a message to judge: every decodable record is accepted, a tombstone removes it."""
 
-    def apply(self, key: str, raw: Any, tombstone: bool) -> tuple[bool, str | None, dict | None, dict | None]:
-        prev = self.table.get(key)
-        if tombstone:
-            self.table.pop(key, None)
-            return True, None, prev, None
-        try:
-            rec = record(raw)
-        except RecordError:
-            return False, UNDECODABLE, prev, None
-        self.table[key] = rec
-        return True, None, prev, rec
+    def reject_reason(self, prev: dict | None, rec: dict) -> str | None:
+        return None
 
 
 def fast_key(raw: Any) -> Any:

@@ -73,8 +73,8 @@ class RegistryCatalog:
         try:
             bookie_config(settings)
         except ValueError as e:
-            return (str(e), "use BookKeeper's setting names, as in bk_server.conf (clusters/bookie/settings.py "
-                            "lists them)")
+            return (str(e), "use BookKeeper's setting names and values, as in bk_server.conf "
+                            "(clusters/bookie/settings.py lists them)")
         return None
 
     def broker_settings_problem(self, settings: Mapping[str, Any]) -> tuple[str, str] | None:

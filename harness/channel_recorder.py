@@ -112,7 +112,36 @@ def fetch_view(url: str, timeout: float = VIEW_TIMEOUT_S) -> dict[str, Any]:
         return {"error": f"{type(e).__name__}: {e}"[:300]}
 
 
-class ChannelRecorder:
+class _ViewSampler:
+    """The brokers' table views sampled every `view_interval_s` until `_views_stop` is set (both recorders)."""
+    brokers: list[tuple[str, str]]
+    view_interval_s: float
+    view_fetch: Callable[[str], dict[str, Any]]
+    _views_stop: threading.Event
+    _row: Callable[[str, str, dict[str, Any]], None]    # the recorder's journal row
+
+    def _view_loop(self) -> None:
+        try:
+            while not self._views_stop.wait(self.view_interval_s):
+                self._view_round(final=False)
+        except Exception as e:              # never the runner's problem; the samples just end
+            log.warning("channel recorder: view sampling ended: %s: %s", type(e).__name__, e)
+
+    def _view_round(self, final: bool) -> dict[str, dict[str, Any]]:
+        out = {}
+        for broker, url in self.brokers:
+            if not final and self._views_stop.is_set():
+                break
+            v = self.view_fetch(url)
+            v["wall_ms"] = _wall_ms()
+            if final:
+                v["final"] = True
+            out[broker] = v
+            self._row(broker, CHANNEL_VIEW, v)
+        return out
+
+
+class ChannelRecorder(_ViewSampler):
     """`start()`, then `stop()` (always: it drains the topic, takes the final views, closes the client)."""
 
     def __init__(self, service_url: str, journal: Journal, *, nodes: dict[str, Any] | None = None,
@@ -144,6 +173,7 @@ class ChannelRecorder:
         self._oracle = Oracle()
         self._owned: dict[str, tuple[str, int]] = {}     # bundle -> (owner, incarnation)
         self._stop = threading.Event()
+        self._views_stop = self._stop          # the views' sampling ends with the reader
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._row_lock = threading.Lock()
@@ -426,26 +456,6 @@ class ChannelRecorder:
 
     # ------------------------------------------------------------------------------------ views
 
-    def _view_loop(self) -> None:
-        try:
-            while not self._stop.wait(self.view_interval_s):
-                self._view_round(final=False)
-        except Exception as e:              # never the runner's problem; the samples just end
-            log.warning("channel recorder: view sampling ended: %s: %s", type(e).__name__, e)
-
-    def _view_round(self, final: bool) -> dict[str, dict[str, Any]]:
-        out = {}
-        for broker, url in self.brokers:
-            if not final and self._stop.is_set():
-                break
-            v = self.view_fetch(url)
-            v["wall_ms"] = _wall_ms()
-            if final:
-                v["final"] = True
-            out[broker] = v
-            self._row(broker, CHANNEL_VIEW, v)
-        return out
-
     def _final_views(self) -> None:
         """Rounds marked final until every answering broker applied the last message read (bounded)."""
         if not self.brokers:
@@ -484,7 +494,7 @@ def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class MetadataChannelRecorder(OwnershipRecorder):
+class MetadataChannelRecorder(_ViewSampler, OwnershipRecorder):
     """The same observations when the channel's records are znodes (the brokers' setting
     `loadManagerServiceUnitStateTableViewClassName=ServiceUnitStateMetadataStoreTableViewImpl`): the ownership
     recorder's ZooKeeper watching (harness/recorder.py: watches, gaps, full re-reads) on
@@ -607,26 +617,6 @@ class MetadataChannelRecorder(OwnershipRecorder):
         super()._row(key, BUNDLE_OWNER, out)
 
     # -- views -------------------------------------------------------------------------------------------
-    def _view_loop(self) -> None:
-        try:
-            while not self._views_stop.wait(self.view_interval_s):
-                self._view_round(final=False)
-        except Exception as e:
-            log.warning("channel recorder: view sampling ended: %s: %s", type(e).__name__, e)
-
-    def _view_round(self, final: bool) -> dict[str, dict[str, Any]]:
-        out = {}
-        for broker, url in self.brokers:
-            if not final and self._views_stop.is_set():
-                break
-            v = self.view_fetch(url)
-            v["wall_ms"] = _wall_ms()
-            if final:
-                v["final"] = True
-            out[broker] = v
-            self._row(broker, CHANNEL_VIEW, v)
-        return out
-
     def _final_views(self) -> None:
         """Rounds marked final until every answering broker's records equal the store's (bounded)."""
         if not self.brokers:

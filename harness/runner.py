@@ -71,7 +71,7 @@ def spec_from_args(spec_path: str | Path | None, overrides: dict[str, Any],
         if e.field in flags:
             flag = "--" + e.field.replace("_", "-")
             flag = {"--bugs": "--bug", "--options": "--option", "--lb-settings": "--lb-setting",
-                    "--broker-settings": "--broker-setting"}.get(flag, flag)
+                    "--broker-settings": "--broker-setting", "--bookie-settings": "--bookie-setting"}.get(flag, flag)
             raise SpecError(flag, e.problem, e.fix.replace(e.field, flag)) from None
         if source and not e.source:
             raise SpecError(e.field, e.problem, e.fix, source) from None

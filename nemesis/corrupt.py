@@ -26,6 +26,18 @@ from nemesis.lifecycle import _last_line
 FLIPS = 16
 
 
+def _start(ctx: NemesisContext, name: str, out: dict[str, Any]) -> Any:
+    """Start the bookie again; `out` gets came_up (True), or error, and pid (None unless it runs)."""
+    try:
+        node = ctx.cluster.start(name)
+        out["came_up"] = True
+    except ClusterError as e:
+        out["error"] = str(e)
+        node = ctx.cluster.node(name)
+    out["pid"] = node.pid if node.alive else None
+    return node
+
+
 class DiskCorruptNemesis(Nemesis):
     """Kill a bookie, damage its newest entry log (`mode` "bitflip" or "truncate"), start it again.
 
@@ -45,17 +57,9 @@ class DiskCorruptNemesis(Nemesis):
     def start(self, ctx: NemesisContext, plan: dict[str, Any] | None = None) -> dict[str, Any]:
         self._check_idle()
         plan = plan if plan is not None else self.choose(ctx)
-        draw = {k: v for k, v in plan.items() if k not in ("pick", "draws")}
-        found = targets.resolve(ctx, self.selector, plan=draw)
-        roles = {n.name: n.role for n in ctx.cluster.nodes()}
-        candidates = [n for n in found["nodes"] if roles.get(n) == "bookie"]
-        if not candidates:
-            raise NemesisError(f"{self.name}: target {self.selector!r} resolved to {found['nodes']}, no bookie; "
-                               "use bookie, ledger-bookies or a bookie's name")
-        name = targets.pick(candidates, float(plan.get("pick", 0.0)))
+        name, found = targets.pick_running(ctx, self.name, self.selector, plan, ("bookie",), "bookie",
+                                           "bookie, ledger-bookies or a bookie's name")
         node = ctx.cluster.node(name)
-        if not node.alive:
-            raise NemesisError(f"{self.name}: {name} is not running")
         value: dict[str, Any] = {"node": name, "old_pid": node.pid, "selector": self.selector, "target": found,
                                  "mode": self.mode, "corrupted": None, "came_up": False, "error": None}
         self.applied = value
@@ -69,13 +73,7 @@ class DiskCorruptNemesis(Nemesis):
             except ClusterError:
                 pass
             raise NemesisError(f"{self.name}: {e}") from None
-        try:
-            node = ctx.cluster.start(name)
-            value["came_up"] = True
-        except ClusterError as e:
-            value["error"] = str(e)
-            node = ctx.cluster.node(name)
-        value["pid"] = node.pid if node.alive else None
+        node = _start(ctx, name, value)
         value["last_log_line"] = _last_line(node.log)
         return value
 
@@ -87,13 +85,9 @@ class DiskCorruptNemesis(Nemesis):
         out: dict[str, Any] = {"node": name, "restarted": False, "came_up": node.alive, "error": None}
         if not node.alive:
             out["restarted"] = True
-            try:
-                node = ctx.cluster.start(name)
-                out["came_up"] = True
-            except ClusterError as e:
-                out["error"] = str(e)
-                node = ctx.cluster.node(name)
-        out["pid"] = node.pid if node.alive else None
+            node = _start(ctx, name, out)
+        else:
+            out["pid"] = node.pid
         self.applied = None
         return out
 

@@ -288,17 +288,10 @@ class DiskWipeNemesis(Nemesis):
     def start(self, ctx: NemesisContext, plan: dict[str, Any] | None = None) -> dict[str, Any]:
         self._check_idle()
         plan = plan if plan is not None else self.choose(ctx)
-        draw = {k: v for k, v in plan.items() if k != "pick"}
-        found = targets.resolve(ctx, self.selector, plan=draw)
-        roles = {n.name: n.role for n in ctx.cluster.nodes()}
-        candidates = [n for n in found["nodes"] if roles.get(n) in WIPE_ROLES]
-        if not candidates:
-            raise NemesisError(f"disk-wipe: target {self.selector!r} resolved to {found['nodes']}, no bookie or "
-                               "ZooKeeper node; use bookie, ledger-bookies, zk-leader or a bookie's name")
-        name = targets.pick(candidates, float(plan.get("pick", 0.0)))
+        name, found = targets.pick_running(ctx, "disk-wipe", self.selector, plan, WIPE_ROLES,
+                                           "bookie or ZooKeeper node",
+                                           "bookie, ledger-bookies, zk-leader or a bookie's name")
         node = ctx.cluster.node(name)
-        if not node.alive:
-            raise NemesisError(f"disk-wipe: {name} is not running")
         value: dict[str, Any] = {"node": name, "role": node.role, "pid": node.pid, "selector": self.selector,
                                  "target": found, "wiped": None}
         self.applied = value

@@ -331,3 +331,20 @@ def pick(nodes: list[str], u: float) -> str:
         raise NemesisError("no node to pick from")
     ordered = sorted(nodes)
     return ordered[min(int(u * len(ordered)), len(ordered) - 1)]
+
+
+def pick_running(ctx: NemesisContext, fault: str, selector: str, plan: dict[str, Any], roles: tuple[str, ...],
+                 what: str, use: str) -> tuple[str, dict[str, Any]]:
+    """(name, what the selector resolved to) of one running node of `roles` among those `selector`
+    resolves to (with the plan's draw; plan["pick"] picks it). NemesisError naming `fault`, `what` it
+    needs and the selectors to `use` when there is none, or when the one picked is not running."""
+    draw = {k: v for k, v in plan.items() if k not in ("pick", "draws")}
+    found = resolve(ctx, selector, plan=draw)
+    role_of = {n.name: n.role for n in ctx.cluster.nodes()}
+    candidates = [n for n in found["nodes"] if role_of.get(n) in roles]
+    if not candidates:
+        raise NemesisError(f"{fault}: target {selector!r} resolved to {found['nodes']}, no {what}; use {use}")
+    name = pick(candidates, float(plan.get("pick", 0.0)))
+    if not ctx.cluster.node(name).alive:
+        raise NemesisError(f"{fault}: {name} is not running")
+    return name, found

@@ -37,6 +37,17 @@ OPTIONS: dict[str, tuple[Any, str]] = {
                        "while that broker is away the worker cannot); all: through every broker, home first"),
 }
 CHOICES = {"lookup": ("home", "all")}
+# a payload's bytes at most: below Pulsar's maxMessageSize (5 MB by default) with room for its metadata
+MAX_PAYLOAD = 4 * 1024 * 1024
+
+
+def option_problem(spec: TestSpec) -> tuple[str, str] | None:
+    """`payload` from 0 to MAX_PAYLOAD bytes (larger sends are refused by the brokers: every send fails)."""
+    p = spec.options.get("payload", 0)
+    if isinstance(p, int) and not isinstance(p, bool) and 0 <= p <= MAX_PAYLOAD:
+        return None
+    return (f"payload must be a whole number of bytes from 0 to {MAX_PAYLOAD}, not {p!r}",
+            "use e.g. --option payload=4096 (0: the value's digits only)")
 CHECKER_NAMES = ("log", "ownership", "perf", "balance")
 EXTENSIBLE_CHECKER_NAMES = CHECKER_NAMES + ("channel",)      # when the spec's load manager is extensible
 

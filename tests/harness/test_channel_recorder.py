@@ -243,3 +243,56 @@ def test_the_extensible_source_is_the_channel_recorder(tmp_path):
     finally:
         j.close()
     assert channel_recorder.brokers_of(CLUSTER) == [(A, f"http://{A}"), (B, f"http://{B}")]
+
+
+def test_the_metadata_store_recorder_journals_records_and_views_from_zookeeper(zk, tmp_path):
+    """The recorder of a channel kept in znodes (ServiceUnitStateMetadataStoreTableViewImpl), on a real
+    ZooKeeper: a record written, then rewritten with another owner, is two channel-message rows (the same
+    value written again is none), the bundle-owner rows follow its owner, and the brokers' views (here answered by the test)
+    are sampled until the final rounds find them equal to the store's records; a view left behind is
+    judged by the checker."""
+    from kazoo.client import KazooClient
+
+    kz = KazooClient(hosts=zk)
+    kz.start(30)
+    node = f"{channel_recorder.METADATA_PATH_PREFIX}/{PARENT}"
+    stale = {"on": True}
+
+    def view(url: str) -> dict:
+        broker = url.split("//", 1)[1]
+        try:
+            data, _ = kz.get(node)
+            records = {PARENT: json.loads(data)}
+        except Exception:
+            records = {}
+        if broker == B and stale["on"]:
+            records = {PARENT: _rec("Owned", B, v=9)}         # a view that never follows the store
+        return {"broker": broker, "leader": broker == A, "records": records, "table_view":
+                "ServiceUnitStateMetadataStoreTableViewImpl"}
+
+    path = tmp_path / "journals" / channel_recorder.JOURNAL_NAME
+    journal = Journal(path, time.monotonic_ns())
+    rec = channel_recorder.MetadataChannelRecorder(zk, journal, brokers=[(A, f"http://{A}"), (B, f"http://{B}")],
+                                                   view_interval_s=0.05, final_views_s=1.0, view_fetch=view)
+    try:
+        rec.start(10)
+        kz.create(node, json.dumps(_rec("Owned", A, v=1)).encode(), makepath=True)
+        _until(lambda: len(_fs(path, CHANNEL_MESSAGE)) == 1, "the record")
+        kz.set(node, json.dumps(_rec("Owned", A, v=1)).encode())                    # the same value again
+        kz.set(node, json.dumps(_rec("Owned", B, A, v=2)).encode())
+        _until(lambda: len(_fs(path, CHANNEL_MESSAGE)) == 2, "the new owner's record")
+        _until(lambda: len(_fs(path, CHANNEL_VIEW)) >= 4, "view samples")
+    finally:
+        rec.stop()
+        journal.close()
+        kz.stop()
+        kz.close()
+    msgs = _fs(path, CHANNEL_MESSAGE)
+    assert [m.value["value"]["dstBroker"] for m in msgs] == [A, B]
+    assert [(o.value["event"], o.value["broker"]) for o in _fs(path, BUNDLE_OWNER)] == [
+        ("created", A), ("deleted", A), ("created", B)]
+    views = _fs(path, CHANNEL_VIEW)
+    assert {v.key for v in views} == {A, B} and any(v.value.get("final") for v in views)
+    r = channel.check(store.merge_journals(store.journal_paths(tmp_path)))
+    assert r.stats["convergence"].get(A) == "converged", r.stats["convergence"]
+    assert r.stats["convergence"].get(B) != "converged" and "view-not-converged" in r.anomalies, r.anomalies

@@ -75,6 +75,10 @@ def test_malformed_spec_file_exits_254_without_run_folder(tmp_path, toml, words)
     (["--bookie-setting", "gcWaitTim=1000"], ["--bookie-setting", "unknown bookie setting", "gcWaitTime"]),
     (["--bookie-setting", "gcWaitTime=0"], ["--bookie-setting", "positive whole number"]),
     (["--bookie-setting", "gcWaitTime"], ["--bookie-setting", "NAME=VALUE"]),
+    (["--bookie-setting", "journalSync=false"],
+     ["--bookie-setting:", "unknown bookie setting", "journalSyncData"]),
+    (["--bookie-setting", "journalSyncData=maybe"], ["--bookie-setting:", "must be true or false"]),
+    (["--bookie-setting", "journalSyncData"], ["--bookie-setting", "NAME=VALUE"]),
 ])
 def test_bad_flag_exits_254_without_run_folder(tmp_path, args, words):
     out = run("run", "--results-dir", str(tmp_path / "results"), *args)

@@ -136,3 +136,6 @@ def test_the_balance_workloads_payload_pads_the_value_and_reads_back():
         assert len(raw) == 4096 and decode_value(raw) == v
     with pytest.raises(SpecError, match="payload"):
         Spec(workload="balance", options={"payload": "big"}).validate(catalog=CATALOG)
+    for bad in (-1, 64 * 1024 * 1024):            # nothing to pad to; more than a broker takes in one message
+        with pytest.raises(SpecError, match="payload must be a whole number of bytes from 0 to"):
+            Spec(workload="balance", options={"payload": bad}).validate(catalog=CATALOG)
