@@ -12,7 +12,8 @@ the safe value.
   (BookKeeper's durability rests on Qa >= 2; its protocol doc: an entry acknowledged is on Qa bookies).
   A run that loses no disk does not expose it, but like a knob the setting makes every run of it
   expected invalid; a scenario that uses Qa = 1 for another purpose (the B12 knob's, BookKeeper's own
-  example) declares its runs without the knob valid (`expected = "valid"` with the reason).
+  example) declares its runs without the knob valid (`expected = "valid"` with the reason), and a run with
+  a bug knob on counts on the knob's row alone (`workloads.unsafe_causes`), its shape kept in its scenario.
 
 The scenario of a run with an unsafe setting is the one of the same run with the safe value
 (`scenario_reset`: journalSyncData true, E/Qw/Qa at the spec's defaults), so a row's false alarms are

@@ -23,9 +23,14 @@ def unsafe_options(r: Run) -> set[str]:
 
 
 def _spec(r: Run) -> dict[str, Any]:
-    """The run's spec with its cluster's unsafe settings given back their safe values
-    (`clusters.unsafe_settings.scenario_reset`): its scenario is the one of the runs without them."""
+    """The run's spec, with its cluster's unsafe settings given back their safe values
+    (`clusters.unsafe_settings.scenario_reset`) when they are among its causes: its scenario is then the
+    one of the runs without them. Otherwise (a knob's scenario at ack quorum 1, or its runs declared
+    valid) the settings stay part of the scenario."""
     from clusters import unsafe_settings
+    labels = {label for label, _ in unsafe_settings.causes(r.spec)}
+    if not labels & set(r.causes):
+        return r.spec
     return {**r.spec, **unsafe_settings.scenario_reset(r.spec)}
 
 

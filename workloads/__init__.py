@@ -69,14 +69,18 @@ def unsafe_causes(name: str, given: dict[str, Any] | None, bugs: dict[str, Any] 
     """Why a configuration must be invalid (`core.expectation.Cause`s): the bug knobs set off their safe
     default (`clusters.bugs.REGISTRY`), the workload's deliberately unsafe settings (its `UNSAFE`) and,
     given the run's spec (a mapping of its test.toml fields), the cluster's unsafe settings
-    (`clusters.unsafe_settings`, e.g. journalSyncData=false)."""
+    (`clusters.unsafe_settings`, e.g. journalSyncData=false), unless a bug knob is on: then the unsafe
+    setting is the knob's scenario (B12's is BookKeeper's own example at ack quorum 1) and the knob the
+    cause under test, so the detection matrix credits the knob alone."""
     from clusters import bugs as bug_knobs
     from clusters import unsafe_settings
     from core.expectation import Cause, causes
-    settings = [Cause("unsafe setting", label, reason) for label, reason in unsafe_settings.causes(spec)]
     try:
         mod = get(name)
         unsafe, defaults = getattr(mod, "UNSAFE", ()), {k: d for k, (d, _) in mod.OPTIONS.items()}
     except Exception:                     # a workload this checkout lacks: its knobs still count
         unsafe, defaults = (), {}
-    return causes(bugs, bug_knobs.REGISTRY, name, given, unsafe, defaults) + settings
+    found = causes(bugs, bug_knobs.REGISTRY, name, given, unsafe, defaults)
+    if any(c.kind == "bug knob" for c in found):
+        return found
+    return found + [Cause("unsafe setting", label, reason) for label, reason in unsafe_settings.causes(spec)]

@@ -41,8 +41,9 @@ def test_each_unsafe_setting_makes_the_run_expected_invalid_under_its_own_name()
     e = _spec("--ensemble", "3", "--write-quorum", "1", "--ack-quorum", "1").expectation(CATALOG)
     assert e.expected == "invalid" and e.labels == ["E/Qw/Qa=3/1/1"] and "one copy" in e.reason
     assert _spec("--write-quorum", "2", "--ack-quorum", "2").expectation(CATALOG).expected == "valid"
+    # with a bug knob on, the setting is the knob's scenario and the knob alone the cause
     e = _spec("--ack-quorum", "1", "--bug", "bookie.ack_before_fsync").expectation(CATALOG)
-    assert e.labels == ["bookie.ack_before_fsync=true", "E/Qw/Qa=3/2/1"]
+    assert e.expected == "invalid" and e.labels == ["bookie.ack_before_fsync=true"]
     bad = cli.main(["run", "--workload", "log", "--bookie-setting", "journalSyncData=perhaps"])
     assert bad == 254
 
@@ -68,3 +69,20 @@ def test_a_setting_and_the_safe_runs_of_its_scenario_share_a_row():
     alone = detection.scenario(runs[0].spec)[1]
     assert alone != q["scenario_key"]
     assert unsafe_settings.scenario_reset({"ack_quorum": 2, "bookie_settings": {"journalSyncData": True}}) == {}
+
+
+def test_a_knob_whose_scenario_has_an_ack_quorum_of_1_is_credited_alone_and_keeps_its_shape():
+    """B12's scenario is BookKeeper's own example at E 2, Qw = Qa = 1: its knob runs count on the knob's row
+    only, and their scenario (2/1/1, not reset) is the one of its runs declared valid without the knob."""
+    shape = {"ensemble": 2, "write_quorum": 1, "ack_quorum": 1, "workload": "ledger"}
+    knob = [_run(f"b12/{i}", i < 4, **shape, bugs={"bk.ack_broken_entry_on_ensemble_change": True})
+            for i in range(5)]
+    for r in knob:
+        r.results["valid"] = not r.results["valid"]                        # 4 invalid, 1 valid
+    off = [_run(f"off/{i}", True, **shape, expected="valid", expected_reason="no disk is lost") for i in range(3)]
+    assert knob[0].causes == ["bk.ack_broken_entry_on_ensemble_change=true"] and off[0].causes == ["none"]
+    rows = run_detection.matrix(knob + off)
+    assert {r["cause"] for r in rows} == {"bk.ack_broken_entry_on_ensemble_change=true", "none"}
+    k = next(r for r in rows if r["cause"] != "none")
+    assert (k["runs"], k["invalid"], k["false_alarm_runs"], k["false_alarms"]) == (5, 4, 3, 0)
+    assert "2/1/1" in k["scenario"]
