@@ -83,38 +83,51 @@ class MetadataStoreTableView:
         self._lost = False                            # the session was lost since the last connection
         self._filled = False
         self._tasks: set[asyncio.Task] = set()
+        self._rearming: asyncio.Task | None = None    # the re-arm under way (one at a time)
+        self._rearming_new_session = False
         self._stopped = False
 
     # -- lifecycle ------------------------------------------------------------------------------------
     async def run(self) -> None:
         """Fill the table and watch; returns when closed (the watches do the rest)."""
         self.store.add_listener(self._on_session)
-        for i in range(60):
-            try:
-                await self._fill()
-                break
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 - ZooKeeper away at start: try again
-                log.warning("filling the channel's table from the metadata store: %s", e)
-                await asyncio.sleep(min(2.0, 0.2 * (i + 1)))
+        await self._fill_retrying("filling the channel's table from the metadata store")
         while not self._stopped:
             await asyncio.sleep(3600)
 
+    async def _fill_retrying(self, what: str) -> bool:
+        """`_fill` until it succeeds or the table view is closed (ZooKeeper may be away for long: a
+        broker whose table stayed empty would serve nothing): True once filled."""
+        i = 0
+        while not self._stopped:
+            try:
+                await self._fill()
+                return True
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - ZooKeeper away: try again, a warning every 10th try
+                if i % 10 == 0:
+                    log.warning("%s (try %d): %s", what, i + 1, e)
+                i += 1
+                await asyncio.sleep(min(2.0, 0.2 * i))
+        return False
+
     async def close(self) -> None:
         self._stopped = True
+        self.store.remove_listener(self._on_session)
         if self._loss_timer is not None:
             self._loss_timer.cancel()
         for t in list(self._tasks):
             t.cancel()
 
-    def _spawn(self, coro: Any, name: str) -> None:
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task | None:
         if self._stopped:
             coro.close()
-            return
+            return None
         t = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
+        return t
 
     async def _fill(self) -> None:
         """Every znode read into the table without handlers, then the owner's handleExisting."""
@@ -139,7 +152,12 @@ class MetadataStoreTableView:
             new_session, self._lost = self._lost, False
             if new_session:
                 self.session_events.append("SessionReestablished")
-            self._spawn(self._rearm(new_session), "channel-table-rearm")
+            if self._rearming is not None and not self._rearming.done():
+                if not new_session:
+                    new_session = self._rearming_new_session   # a refill under way is not downgraded
+                self._rearming.cancel()           # a flapping connection: one re-arm at a time, the last
+            self._rearming_new_session = new_session
+            self._rearming = self._spawn(self._rearm(new_session), "channel-table-rearm")
 
     def _session_lost(self) -> None:
         if self._loss_timer is not None:
@@ -165,23 +183,20 @@ class MetadataStoreTableView:
         delivered. New session: #24478's refill, or (stale_cache) nothing of what was missed."""
         if new_session and not self.stale_cache:
             self._disarmed.clear()
-            for i in range(30):
-                try:
-                    await self._fill()
-                    log.info("refilled the channel's table after a new metadata session")
-                    return
-                except Exception as e:  # noqa: BLE001
-                    log.warning("refilling the channel's table: %s", e)
-                    await asyncio.sleep(min(2.0, 0.2 * (i + 1)))
+            if await self._fill_retrying("refilling the channel's table after a new metadata session"):
+                log.info("refilled the channel's table after a new metadata session")
             return
         mode = "silent" if new_session else "tail"
         paths, self._disarmed = sorted(self._disarmed, key=_depth), set()
-        for p in paths:
+        for i, p in enumerate(paths):
             try:
                 if p in self._children or _depth(p) < KEY_DEPTH:
                     await self._scan(p, mode)
                 else:
                     await self._read(p, mode)
+            except asyncio.CancelledError:        # a newer re-arm replaces this one: it arms the rest
+                self._disarmed.update(paths[i:])
+                raise
             except Exception as e:  # noqa: BLE001 - dropped again: the next connection arms it
                 log.info("re-arming the watch of %s: %s", p, e)
                 self._disarmed.add(p)

@@ -71,6 +71,11 @@ class MetadataStore:
         """fn(state) runs on the event loop for 'CONNECTED', 'SUSPENDED' and 'LOST'."""
         self._listeners.append(fn)
 
+    def remove_listener(self, fn: Callable[[str], Any]) -> None:
+        """Undo `add_listener` (nothing if fn is not a listener)."""
+        if fn in self._listeners:
+            self._listeners.remove(fn)
+
     def _on_state(self, state: str) -> None:
         log.info("ZooKeeper session %s: %s", self.name, state)
         loop = self._loop

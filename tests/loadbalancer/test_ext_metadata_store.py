@@ -373,3 +373,44 @@ def test_a_session_loss_zookeeper_reports_before_the_timeout_counts_once(zk):
             run.cancel()
             await store.close()
     assert asyncio.run(scenario()) == ["SessionLost", "SessionReestablished"]
+
+
+def test_the_table_view_keeps_filling_until_zookeeper_answers_and_a_close_stops_it():
+    """ZooKeeper away at start: the fill is retried (not given up after a count, which left the table empty
+    for good) until it succeeds, or the table view is closed; close removes its session listener."""
+    from clusters.loadbalancer.extensible.state import ChannelView
+
+    class Store:
+        def __init__(self, fails: int):
+            self.fails, self.listeners = fails, []
+
+        def add_listener(self, fn):
+            self.listeners.append(fn)
+
+        def remove_listener(self, fn):
+            self.listeners.remove(fn)
+
+        async def ensure_path(self, path):
+            if self.fails:
+                self.fails -= 1
+                raise ConnectionError("ZooKeeper not reachable")
+
+    class Sink:
+        view, broker_id, existing = ChannelView(), "b1", 0
+
+        def on_existing(self):
+            self.existing += 1
+
+    async def scenario():
+        ok = MetadataStoreTableView(Store(fails=3), Sink())
+        ok._scan = lambda path, mode: asyncio.sleep(0)             # nothing stored yet
+        assert await asyncio.wait_for(ok._fill_retrying("fill"), 10) is True
+        assert ok._filled and ok.sink.existing == 1
+        away = MetadataStoreTableView(Store(fails=10**6), Sink())
+        task = asyncio.create_task(away.run())
+        await asyncio.sleep(1.5)
+        assert not away._filled and away.store.listeners
+        await away.close()
+        await asyncio.wait_for(task, 5)                            # run returns once closed
+        assert not away.store.listeners
+    asyncio.run(scenario())
