@@ -12,6 +12,7 @@ Owned record and both brokers serve the bundle.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
@@ -218,6 +219,33 @@ async def until(pred: Any, timeout: float, what: str) -> None:
     raise AssertionError(f"{what}: not within {timeout} s")
 
 
+@contextlib.asynccontextmanager
+async def running_brokers(connects: list[tuple[str, float | None]], stale_cache: bool, session_timeout_s: float):
+    """Brokers B0 and B1 on their own metadata stores (connect string, session timeout or None for the
+    default), their table views running; everything opened is closed again, also when a store fails to
+    start or the body fails."""
+    stores: list[MetadataStore] = []
+    brokers: list[Broker] = []
+    runs: list[asyncio.Task] = []
+    try:
+        for i, (connect, timeout) in enumerate(connects):
+            kw = {"session_timeout": timeout} if timeout is not None else {}
+            stores.append(await MetadataStore(connect, name=f"b{i}", **kw).start())
+        brokers = [Broker(st, b, stale_cache=stale_cache, session_timeout_s=session_timeout_s)
+                   for st, b in zip(stores, (B0, B1))]
+        runs = [asyncio.get_running_loop().create_task(b.tv.run()) for b in brokers]
+        yield brokers[0], brokers[1], stores
+    finally:
+        for b in brokers:
+            await b.tv.close()
+            for t in b.tasks:
+                t.cancel()
+        for t in runs:
+            t.cancel()
+        for st in stores:
+            await st.close()
+
+
 def _two_brokers_after_a_lost_session(zk: str, stale_cache: bool) -> tuple[Broker, Broker]:
     """Broker 0 owns KEY (assigned by broker 1, completed by broker 0's handler); broker 0 is cut from
     ZooKeeper past its session; broker 1 (the leader's monitor) overrides the orphan to itself; broker 0
@@ -228,12 +256,8 @@ def _two_brokers_after_a_lost_session(zk: str, stale_cache: bool) -> tuple[Broke
     timeout = 1.5
 
     async def scenario() -> tuple[Broker, Broker]:
-        s0 = await MetadataStore(f"127.0.0.1:{relay.port}/{chroot}", session_timeout=timeout, name="b0").start()
-        s1 = await MetadataStore(zk, name="b1").start()
-        b0 = Broker(s0, B0, stale_cache=stale_cache, session_timeout_s=timeout)
-        b1 = Broker(s1, B1, stale_cache=stale_cache, session_timeout_s=timeout)
-        runs = [asyncio.get_running_loop().create_task(b.tv.run()) for b in (b0, b1)]
-        try:
+        async with running_brokers([(f"127.0.0.1:{relay.port}/{chroot}", timeout), (zk, None)], stale_cache,
+                                   timeout) as (b0, b1, (s0, s1)):
             await until(lambda: b0.tv._filled and b1.tv._filled, 10, "both tables filled")
             await s0.create("/reg/b0", b"", ephemeral=True, makepath=True)      # broker 0's registration
             assert await b1.tv.put(KEY, H.assign_event(b1.view, KEY, B0, 1000))
@@ -257,15 +281,6 @@ def _two_brokers_after_a_lost_session(zk: str, stale_cache: bool) -> tuple[Broke
             await until(lambda: not b0.tv._tasks, 10, "broker 0's watches armed again")
             await asyncio.sleep(0.5)
             return b0, b1
-        finally:
-            for b in (b0, b1):
-                await b.tv.close()
-                for t in b.tasks:
-                    t.cancel()
-            for t in runs:
-                t.cancel()
-            await s0.close()
-            await s1.close()
 
     try:
         return asyncio.run(scenario())
@@ -275,10 +290,7 @@ def _two_brokers_after_a_lost_session(zk: str, stale_cache: bool) -> tuple[Broke
 
 def test_two_views_share_the_records_and_a_conflicting_write_is_swallowed(zk):
     async def scenario() -> None:
-        stores = [await MetadataStore(zk, name=f"b{i}").start() for i in range(2)]
-        b0, b1 = (Broker(s, b, stale_cache=False, session_timeout_s=6.0) for s, b in zip(stores, (B0, B1)))
-        runs = [asyncio.get_running_loop().create_task(b.tv.run()) for b in (b0, b1)]
-        try:
+        async with running_brokers([(zk, None), (zk, None)], False, 6.0) as (b0, b1, stores):
             await until(lambda: b0.tv._filled and b1.tv._filled, 10, "both tables filled")
             # two brokers assign the bundle at once: one Assigning v1 is written, the other conflicts
             got = await asyncio.gather(b0.tv.put(KEY, H.assign_event(b0.view, KEY, B0, 1000)),
@@ -295,15 +307,6 @@ def test_two_views_share_the_records_and_a_conflicting_write_is_swallowed(zk):
             # a record's znode holds Pulsar's JSON
             data, _ = await stores[0].get(path_of(KEY))
             assert ServiceUnitStateData.decode(data) == b0.view.get(KEY)
-        finally:
-            for b in (b0, b1):
-                await b.tv.close()
-                for t in b.tasks:
-                    t.cancel()
-            for t in runs:
-                t.cancel()
-            for s in stores:
-                await s.close()
     asyncio.run(scenario())
 
 
