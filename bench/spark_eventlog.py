@@ -4,7 +4,7 @@ job to its last, the summed task run and CPU time; then the stages with the most
 
     pulsar-chaos analyze RUNS --out OUT --conf spark.eventLog.enabled=true \\
         --conf spark.eventLog.dir=file:///tmp/ev --conf spark.eventLog.compress=false
-    .venv/bin/python bench/spark_eventlog.py /tmp/ev/<application id>      # a file, or a folder of them
+    .venv/bin/python bench/spark_eventlog.py /tmp/ev            # a file, or a folder of them
 """
 from __future__ import annotations
 
@@ -15,7 +15,10 @@ from pathlib import Path
 
 
 def events(path: Path):
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    # a folder: Spark 4's rolling event log (eventlog_v2_<app>/events_<n>_<app>, beside an appstatus
+    # file and checksums), or a folder of plain event logs
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()
+                                                 and not p.name.startswith((".", "appstatus")))
     for f in files:
         with open(f, encoding="utf-8") as fh:
             for line in fh:

@@ -202,14 +202,16 @@ def build(spark: SparkSession, runs: list[Run], skipped: list[Skipped], anomalie
                                              MATRIX_SCHEMA)
 
     wl = F.broadcast(runs_df.select("run_id", "workload", "day"))
-    ops = perf.ops.join(wl, "run_id")
-    q = F.percentile_approx("latency_ms", F.array(F.lit(0.5), F.lit(0.95), F.lit(0.99)), 10000)
+    # the completions counted by (run, f, type, state, latency in microseconds): exact percentiles,
+    # each latency weighted by its count (interpolated between neighbours, as `percentile` does)
+    ops = perf.lat.join(wl, "run_id").withColumn("latency_ms", F.col("latency_us") / 1000.0)
+    q = F.percentile("latency_ms", F.array(F.lit(0.5), F.lit(0.95), F.lit(0.99)), F.col("n"))
     ok = ops.where(F.col("type") == "ok")
     lat = ok.groupBy("workload", "state", "f").agg(q.alias("q"), F.max("latency_ms").alias("max_ms"))
     cnt = ops.groupBy("workload", "state", "f").agg(
-        F.sum((F.col("type") == "ok").cast("long")).alias("ok"),
-        F.sum((F.col("type") == "fail").cast("long")).alias("fail"),
-        F.sum((F.col("type") == "info").cast("long")).alias("info"),
+        F.sum(F.when(F.col("type") == "ok", F.col("n")).otherwise(0)).cast("long").alias("ok"),
+        F.sum(F.when(F.col("type") == "fail", F.col("n")).otherwise(0)).cast("long").alias("fail"),
+        F.sum(F.when(F.col("type") == "info", F.col("n")).otherwise(0)).cast("long").alias("info"),
         F.countDistinct("run_id").alias("runs"))
     wl_of = {r.run_id: r.workload for r in runs}
     secs: dict[tuple[str, str], float] = {}
@@ -256,7 +258,7 @@ def build(spark: SparkSession, runs: list[Run], skipped: list[Skipped], anomalie
         F.sum((~has_bug).cast("int")).alias("expected_valid"),
         F.sum((~has_bug & (py == "false")).cast("int")).alias("false_alarms"))
     wfs = ok.where(F.col("f").isin("send", "enqueue", "add", "put", "write", "cas"))
-    day_lat = wfs.groupBy("day").agg(F.percentile_approx("latency_ms", F.array(F.lit(0.5), F.lit(0.99)), 10000)
+    day_lat = wfs.groupBy("day").agg(F.percentile("latency_ms", F.array(F.lit(0.5), F.lit(0.99)), F.col("n"))
                                      .alias("q"))
     trends = (day_runs.join(day_lat, "day", "left")
               .select(F.date_format("day", "yyyy-MM-dd").alias("day"), "runs", "python_invalid", "spark_invalid",

@@ -285,9 +285,9 @@ def _run(spark: Any, runs: list[Run], skipped: list[Skipped], out_dir: str, stor
         cached += [t.ops, t.msgs, *t.cached]
         stats = t.stats
         lap("fault_timelines", "campaign_tables")
-    p.ops = p.ops.persist()
+    p.lat = p.lat.persist()
     p.gaps = p.gaps.persist()
-    cached += [p.ops, p.gaps]
+    cached += [p.lat, p.gaps]
     c = campaign.build(spark, runs, skipped, anomalies, stats, p)
     # the campaign tables are small: collected once (Arrow), then written from the driver
     small = {name: df.toPandas() for name, df in c.tables().items()}

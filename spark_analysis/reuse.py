@@ -25,7 +25,7 @@ from typing import Any
 from core import store
 
 # bump when the checks or the per-run tables change: every stored run is analysed again
-TABLES_VERSION = 1
+TABLES_VERSION = 2          # 2: perf_lat (completions counted by latency) replaces the per-op perf_ops
 DIR = "by-run"
 INDEX = "index.json"
 KEY = "run_key"
@@ -40,9 +40,10 @@ def _schemas():
         "anomalies": T.StructType(ANOMALY_SCHEMA.fields + key),
         "stats": T.StructType([T.StructField("run_id", T.StringType()), T.StructField("ops", T.LongType()),
                                T.StructField("non_int_values", T.LongType())] + key),
-        "perf_ops": T.StructType([T.StructField("run_id", T.StringType()), T.StructField("f", T.StringType()),
-                                  T.StructField("type", T.StringType()), T.StructField("latency_ms", T.DoubleType()),
-                                  T.StructField("state", T.StringType())] + key),
+        "perf_lat": T.StructType([T.StructField("run_id", T.StringType()), T.StructField("f", T.StringType()),
+                                  T.StructField("type", T.StringType()), T.StructField("state", T.StringType()),
+                                  T.StructField("latency_us", T.LongType()), T.StructField("n", T.LongType())]
+                                 + key),
         "gaps": T.StructType([T.StructField("run_id", T.StringType()), T.StructField("topic", T.StringType()),
                               T.StructField("gap_s", T.DoubleType()), T.StructField("state", T.StringType())] + key),
         "recovery": T.StructType([T.StructField("run_id", T.StringType()), T.StructField("fault", T.StringType()),
@@ -75,7 +76,7 @@ class Reused:
     """The per-run tables of the runs of one call, read back from the store."""
     anomalies: Any
     stats: Any
-    perf: Any          # perf.PerfTables (ops, gaps, recovery, state_seconds)
+    perf: Any          # perf.PerfTables (lat, gaps, recovery, state_seconds)
 
 
 class RunStore:
@@ -107,7 +108,7 @@ class RunStore:
         secs = [(rid, st, s) for rid, by in p.state_seconds.items() for st, s in by.items()]
         frames = {
             "anomalies": anomalies, "stats": stats,
-            "perf_ops": p.ops.select("run_id", "f", "type", "latency_ms", "state"),
+            "perf_lat": p.lat,
             "gaps": p.gaps.select("run_id", "topic", "gap_s", "state"),
             "recovery": p.recovery.select("run_id", "fault", "stop_ns", "recover_s"),
             "state_seconds": spark.createDataFrame(secs, "run_id string, state string, seconds double"),
@@ -147,6 +148,6 @@ class RunStore:
             got.setdefault(row["run_id"], {})[row["state"]] = row["seconds"]
         # in the runs' order, as a full analysis sums them
         secs = {r.run_id: got[r.run_id] for r in runs if r.run_id in got}
-        p = PerfTables(ops=table("perf_ops"), state_seconds=secs, gaps=table("gaps"), recovery=table("recovery"),
+        p = PerfTables(lat=table("perf_lat"), state_seconds=secs, gaps=table("gaps"), recovery=table("recovery"),
                        windows={})
         return Reused(anomalies=table("anomalies"), stats=table("stats"), perf=p)

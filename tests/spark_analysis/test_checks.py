@@ -241,8 +241,20 @@ def test_fault_state_tables(synthetic):
     """The kill is on for 2 s in every log run; the first ok send after its stop completes 2 ms later."""
     _, res, _ = synthetic
     perf = res.tables["perf_by_state"]
-    states = set(perf[(perf["workload"] == "log") & (perf["f"] == "send")]["state"])
-    assert states == {"kill", "healthy"}
+    sends = perf[(perf["workload"] == "log") & (perf["f"] == "send")]
+    assert set(sends["state"]) == {"kill", "healthy"}
+    # the latencies are counted per (run, f, type, state, microsecond) and the percentiles weighted by
+    # those counts: every synthetic op is 1 ms after the one before, so each ok send took exactly 1 ms,
+    # and the ok sends of every state add up to the log runs' ok sends that follow their invoke
+    assert set(sends["p50_ms"]) == set(sends["p99_ms"]) == set(sends["max_ms"]) == {1.0}
+    want_ok = 0
+    for v in LOG_VARIANTS:
+        last: dict[int, object] = {}
+        for o in log_history(v):
+            p = last.get(o.process)
+            want_ok += (o.f == "send" and o.type == "ok" and p is not None and p.type == "invoke" and p.f == "send")
+            last[o.process] = o
+    assert int(sends["ok"].sum()) == want_ok > 0
     rec = res.tables["recovery"].set_index(["workload", "fault"])
     assert rec.loc[("log", "kill"), "stops"] == len(LOG_VARIANTS)
     assert rec.loc[("log", "kill"), "max_s"] == pytest.approx(0.002, abs=1e-6)

@@ -53,3 +53,12 @@ def test_the_driver_binds_to_the_loopback_for_a_loopback_master_only():
     assert conf["spark.driver.host"] == "127.0.0.1"
     conf = session.config(session.Settings(master="spark://spark-master.example:7077"))
     assert "spark.driver.host" not in conf
+
+
+def test_the_driver_jvm_gets_the_parallel_collector_and_the_quiet_log_config():
+    opts = session.config(session.Settings())["spark.driver.extraJavaOptions"].split()
+    assert "-XX:+UseParallelGC" in opts
+    assert any(o.startswith("-Dlog4j2.configurationFile=file:") for o in opts)
+    # a --conf of the user's replaces them
+    mine = session.config(session.Settings(extra={"spark.driver.extraJavaOptions": "-XX:+UseG1GC"}))
+    assert mine["spark.driver.extraJavaOptions"] == "-XX:+UseG1GC"
