@@ -101,7 +101,7 @@ def test_run_thread_journals_pairs_and_retires_info_processes(tmp_path, monkeypa
     from core.history import Journal, pairs, read_jsonl
     outcomes = iter(["ok", "fail", "info", "ok", "info", "ok"] + ["ok"] * 1000)
 
-    def fake_send(session, topic, batched, value):
+    def fake_send(session, topic, batched, value, pad=0):
         typ = next(outcomes)
         return typ, ({"error": "Timeout"} if typ != "ok" else {"node": "broker-1"})
     monkeypatch.setattr(log, "send", fake_send)
