@@ -490,8 +490,8 @@ class Processor:
                         step = "seek"
                         self.consumer.seek(target)
                 step = "create_producer"
-                # (the Python wrapper ignores an initial_sequence_id of 0)
-                kw: dict[str, Any] = {"initial_sequence_id": 1} if self.pin_sequence_ids else {}
+                from workloads.pulsar_client import INITIAL_SEQUENCE_ID
+                kw: dict[str, Any] = {"initial_sequence_id": INITIAL_SEQUENCE_ID} if self.pin_sequence_ids else {}
                 self.producer = self.client.create_producer(
                     self.output, producer_name=f"{self.run_dir.name[-6:]}-eo{self.pipeline}-{self.incarnation}",
                     batching_enabled=True, batching_max_publish_delay_ms=10, block_if_queue_full=True,

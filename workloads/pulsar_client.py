@@ -30,6 +30,14 @@ RECEIVE_MAX = 16                  # ... then takes what is already there, up to 
 DRAIN_IDLE_S = 3.0                # a final drain ends after this long without a message ...
 DRAIN_MAX_S = 60.0                # ... or after this long in all
 BATCH_DELAY_MS = 20               # batched producers: a wider window so concurrent sends share a batch
+# An explicit initial sequence id (`pin_sequence_ids`): the C++ client under pulsar-client 3.x otherwise
+# takes its next sequence id from the broker on every reconnect made before its first receipt
+# (ProducerImpl::handleCreateProducer tests lastSequenceIdPublished_ == -1; the Java client was fixed by
+# apache/pulsar#2047). After a failed first write the broker answers -1 (what was pushed but not
+# persisted is forgotten), the client numbers its next message like the one it is resending, and a
+# deduplicating broker acknowledges that next message as a duplicate without storing it. (The Python
+# wrapper ignores an initial_sequence_id of 0, hence 1.)
+INITIAL_SEQUENCE_ID = 1
 READ_NEXT_MS = 2_000
 ADMIN_TIMEOUT_S = 10
 
@@ -81,10 +89,12 @@ class Session:
     again when they break, and the broker each was last (re)created on."""
 
     def __init__(self, service_url: str, name: str, nodes_by_host: dict[str, str] | None = None,
-                 out: TextIO = sys.stdout, producer_lifetime: float = 0.0, key_based_batching: bool = False):
+                 out: TextIO = sys.stdout, producer_lifetime: float = 0.0, key_based_batching: bool = False,
+                 pin_sequence_ids: bool = True):
         import pulsar
         self.name = name
         self.key_based_batching = key_based_batching
+        self.pin_sequence_ids = pin_sequence_ids      # INITIAL_SEQUENCE_ID above
         # Producers are replaced after about this many seconds (0: never). Real clients come and go;
         # each new producer looks its topic up again, through any broker of the service URL, which is
         # how another broker comes to take over a topic whose owner lost its ZooKeeper session.
@@ -154,6 +164,8 @@ class Session:
         name = f"{self.name}-{topic.rsplit('-', 1)[-1]}-{'b' if batched else 'u'}{gen}"
         kw: dict[str, Any] = dict(producer_name=name, send_timeout_millis=SEND_TIMEOUT_MS,
                                   block_if_queue_full=False)
+        if self.pin_sequence_ids:
+            kw["initial_sequence_id"] = INITIAL_SEQUENCE_ID
         if batched:
             kw.update(batching_enabled=True, batching_max_publish_delay_ms=BATCH_DELAY_MS)
             if self.key_based_batching:     # Key_Shared needs batches of one key each

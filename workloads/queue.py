@@ -6,7 +6,9 @@ before its time (`early`). Checked as Jepsen's total-queue: every acknowledged e
 least once (lost otherwise),
 nothing is dequeued that was never enqueued, and how often each value was delivered (exactly-once
 analysis). With the `dedup` option the topics run with broker deduplication, and a value stored twice
-(two message ids) is then an anomaly of its own. With `subscribe_ahead_s` the subscription is created
+(two message ids) is then an anomaly of its own; its producers have an explicit initial sequence id
+(`pin_sequence_ids`, workloads/pulsar_client.py: the official C++ client otherwise reuses ids after a
+reconnect before its first receipt, and the broker drops the later message as a duplicate). With `subscribe_ahead_s` the subscription is created
 through the admin API at the latest position before anything is sent (apache/pulsar#18236's first
 step), and the consumers come that many seconds later: every value sent is still owed to it.
 """
@@ -28,6 +30,10 @@ from workloads.pulsar_client import (DRAIN_IDLE_S, create_subscription, final_dr
 DESCRIPTION = "producers enqueue unique ints, competing Shared consumers dequeue them, a final drain empties the queue"
 OPTIONS: dict[str, tuple[Any, str]] = {
     "dedup": (False, "turn on broker deduplication for the topics (a value stored twice is then an anomaly)"),
+    "pin_sequence_ids": (True, "give every producer an explicit initial sequence id (false: the C++ client's "
+                               "default, which reuses ids after a reconnect before its first receipt, so that "
+                               "with dedup a later message is acknowledged as a duplicate and never stored: "
+                               "apache/pulsar#2047, fixed in the Java client only)"),
     "consumers": (0, "competing consumers per topic (0: a third of the concurrency, at least 2)"),
     "exactly_once": (False, "claim exactly-once delivery: a value dequeued twice is then invalid"),
     "nack_every": (0, "negatively acknowledge every Nth dequeued message after recording it (a consumer that "
@@ -46,7 +52,12 @@ OPTIONS: dict[str, tuple[Any, str]] = {
 UNSAFE = (Unsafe({"exactly_once": True, "nack_every": nonzero},
                  "exactly-once delivery claimed while consumers negatively acknowledge messages they "
                  "recorded: Pulsar redelivers them, so values are dequeued twice",
-                 label="exactly_once+nack_every"),)
+                 label="exactly_once+nack_every"),
+          Unsafe({"dedup": True, "pin_sequence_ids": False},
+                 "the official C++ client numbers a message like the one it resends after a reconnect made "
+                 "before its first receipt (a failed first write); the deduplicating broker acknowledges "
+                 "it with (-1, -1) and never stores it: `lost`",
+                 label="dedup+pin_sequence_ids=false"),)
 
 
 def option_problem(spec: TestSpec) -> tuple[str, str] | None:
@@ -115,7 +126,7 @@ def _consumer_name(ctx: Context, thread: int) -> str:
 
 
 def start(ctx: Context) -> list[threading.Thread]:
-    session = session_for(ctx)
+    session = session_for(ctx, pin_sequence_ids=bool(ctx.spec.options.get("pin_sequence_ids", True)))
     mine = [t for t in threads(ctx.spec, ctx.workers) if t.worker == ctx.worker]
 
     nack_every = int(ctx.spec.options.get("nack_every") or 0)
