@@ -196,3 +196,23 @@ def test_check_of_a_run_whose_history_is_empty_is_one_line_and_254(tmp_path):
     out = run("check", str(run_dir))
     assert out.returncode == 254
     _one_line_error(out, "no client op")
+
+
+@pytest.mark.parametrize("flag, example", [
+    ("--lb-setting", "loadBalancerSheddingIntervalMinutes=0.1"),
+    ("--broker-setting", "managedLedgerMaxLedgerRolloverTimeMinutes=0.02"),
+    ("--bookie-setting", "journalSyncData=false"),
+])
+def test_each_setting_flag_parses_name_value_and_names_itself_in_its_error(flag, example):
+    """The three `--*-setting NAME=VALUE` flags: names and values stripped, values kept as text (the
+    settings check them), the last of a name wins; a malformed item is a UserError naming that flag, the
+    item and the flag's own example."""
+    from harness import cli
+    table = flag[2:].replace("-setting", "_settings")
+    name, _, value = example.partition("=")
+    spec = cli.run_spec(cli.build_parser().parse_args(["run", flag, f" {name} = 1 ", flag, f"{name}={value}"]))
+    assert getattr(spec, table) == {name: value}
+    for bad in (name, f"={value}", f"  ={value}"):
+        with pytest.raises(cli.UserError) as e:
+            cli.run_spec(cli.build_parser().parse_args(["run", flag, example, flag, bad]))
+        assert str(e.value) == f"{flag} {bad!r} is not NAME=VALUE (fix: write e.g. {flag} {example})"
