@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -216,3 +217,51 @@ def test_each_setting_flag_parses_name_value_and_names_itself_in_its_error(flag,
         with pytest.raises(cli.UserError) as e:
             cli.run_spec(cli.build_parser().parse_args(["run", flag, example, flag, bad]))
         assert str(e.value) == f"{flag} {bad!r} is not NAME=VALUE (fix: write e.g. {flag} {example})"
+
+
+class _SettingsProbe:
+    """CATALOG, with its broker/bookie settings checks recording what they are asked and answering
+    `answers` (a missing answer: the catalog has no such check)."""
+
+    def __init__(self, answers: dict[str, Any]):
+        self.answers, self.asked = answers, []
+
+    def __getattr__(self, name: str) -> Any:
+        table = name.removesuffix("_problem")
+        if table in ("broker_settings", "bookie_settings"):
+            if table not in self.answers:
+                raise AttributeError(name)
+            return lambda settings: (self.asked.append((table, dict(settings))), self.answers[table])[1]
+        return getattr(CATALOG, name)
+
+
+def test_broker_and_bookie_settings_tables_are_checked_in_that_order_by_the_catalog():
+    """core/spec.py: each of broker_settings and bookie_settings must be a table (its own fix), and a
+    non-empty one is the catalog's to judge when the catalog has that check; broker_settings first."""
+    def problem(spec: Spec, catalog: Any = CATALOG) -> tuple[str, str, str] | None:
+        try:
+            spec.validate("s.toml", catalog=catalog)
+        except SpecError as e:
+            return e.field, e.problem, e.fix
+        return None
+
+    assert problem(Spec(broker_settings="x", bookie_settings=[1])) == (
+        "broker_settings", "must be a table of setting = value",
+        "write e.g. [broker_settings] managedLedgerMaxLedgerRolloverTimeMinutes = 0.02")
+    assert problem(Spec(bookie_settings=[1])) == (
+        "bookie_settings", "must be a table of setting = value",
+        "write e.g. [bookie_settings] journalSyncData = false")
+    assert problem(Spec(bookie_settings=[1]), None)[0] == "bookie_settings"          # the shape without a catalog
+    both = _SettingsProbe({"broker_settings": ("broker bad", "broker fix"), "bookie_settings": ("bookie bad", "fix")})
+    assert problem(Spec(broker_settings={"a": 1}, bookie_settings={"b": 2}), both) == (
+        "broker_settings", "broker bad", "broker fix")
+    assert both.asked == [("broker_settings", {"a": 1})]
+    bookie = _SettingsProbe({"broker_settings": None, "bookie_settings": ("bookie bad", "bookie fix")})
+    assert problem(Spec(broker_settings={"a": 1}, bookie_settings={"b": 2}), bookie) == (
+        "bookie_settings", "bookie bad", "bookie fix")
+    assert bookie.asked == [("broker_settings", {"a": 1}), ("bookie_settings", {"b": 2})]
+    empty = _SettingsProbe({"broker_settings": ("never", "asked"), "bookie_settings": ("never", "asked")})
+    assert problem(Spec(), empty) is None and empty.asked == []                       # empty tables: not asked
+    assert problem(Spec(broker_settings={"a": 1}, bookie_settings={"b": 2}), _SettingsProbe({})) is None
+    assert problem(Spec(broker_settings={"managedLedgerMaxEntriesPerLedger": "lots"}))[:1] == ("broker_settings",)
+    assert problem(Spec(bookie_settings={"journalSyncData": "maybe"}))[:1] == ("bookie_settings",)
