@@ -53,6 +53,10 @@ class Catalog(Protocol):
     def broker_settings_problem(self, settings: Mapping[str, Any]) -> tuple[str, str] | None:
         """(problem, fix) if the broker settings are not names and values the brokers take; None if fine."""
 
+    def bookie_settings_problem(self, settings: Mapping[str, Any]) -> tuple[str, str] | None:
+        """(problem, fix) if the bookie settings are not names and values the bookies take; None if fine.
+        Both settings checks are optional: a catalog without one leaves that table unchecked."""
+
 
 def _fault_problem(name: Any, catalog: Catalog | None) -> tuple[str, str] | None:
     """Why `name` is not a fault name (a word, or NAME:PARAM), asking the catalog when there is one."""
@@ -186,22 +190,15 @@ class TestSpec:
             problem = catalog.lb_settings_problem(self.lb_settings)
             if problem is not None:
                 raise err("lb_settings", *problem)
-        if not isinstance(self.broker_settings, dict):
-            raise err("broker_settings", "must be a table of setting = value",
-                      "write e.g. [broker_settings] managedLedgerMaxLedgerRolloverTimeMinutes = 0.02")
-        check = getattr(catalog, "broker_settings_problem", None) if self.broker_settings else None
-        if check is not None:
-            problem = check(self.broker_settings)
+        for table, example in (("broker_settings", "managedLedgerMaxLedgerRolloverTimeMinutes = 0.02"),
+                               ("bookie_settings", "journalSyncData = false")):
+            settings = getattr(self, table)
+            if not isinstance(settings, dict):
+                raise err(table, "must be a table of setting = value", f"write e.g. [{table}] {example}")
+            check = getattr(catalog, f"{table}_problem", None) if settings else None
+            problem = check(settings) if check is not None else None
             if problem is not None:
-                raise err("broker_settings", *problem)
-        if not isinstance(self.bookie_settings, dict):
-            raise err("bookie_settings", "must be a table of setting = value",
-                      "write e.g. [bookie_settings] journalSyncData = false")
-        check = getattr(catalog, "bookie_settings_problem", None) if self.bookie_settings else None
-        if check is not None:
-            problem = check(self.bookie_settings)
-            if problem is not None:
-                raise err("bookie_settings", *problem)
+                raise err(table, *problem)
         if self.expected not in ("", "valid", "invalid"):
             raise err("expected", f"must be valid or invalid, not {self.expected!r}",
                       'write expected = "invalid" (with expected_reason = "why"), or leave it out')

@@ -113,9 +113,11 @@ def fetch_view(url: str, timeout: float = VIEW_TIMEOUT_S) -> dict[str, Any]:
 
 
 class _ViewSampler:
-    """The brokers' table views sampled every `view_interval_s` until `_views_stop` is set (both recorders)."""
+    """The brokers' table views sampled every `view_interval_s` until `_views_stop` is set, then the final
+    rounds (both recorders; each says which brokers are behind, `_behind`)."""
     brokers: list[tuple[str, str]]
     view_interval_s: float
+    final_views_s: float
     view_fetch: Callable[[str], dict[str, Any]]
     _views_stop: threading.Event
     _row: Callable[[str, str, dict[str, Any]], None]    # the recorder's journal row
@@ -139,6 +141,26 @@ class _ViewSampler:
             out[broker] = v
             self._row(broker, CHANNEL_VIEW, v)
         return out
+
+    def _final_views(self) -> None:
+        """Rounds marked final until no answering broker is behind (`_behind`), or `final_views_s` ran out
+        (one round at least); `_between_final_rounds()` after the pause that follows a round with one behind."""
+        if not self.brokers:
+            return
+        end = time.monotonic() + self.final_views_s
+        while True:
+            behind = self._behind(self._view_round(final=True))
+            if not behind or time.monotonic() >= end:
+                return
+            time.sleep(1.0)
+            self._between_final_rounds()
+
+    def _behind(self, views: dict[str, dict[str, Any]]) -> list[str]:
+        """The brokers of one final round (broker -> its view) whose view is behind the recorder's."""
+        raise NotImplementedError
+
+    def _between_final_rounds(self) -> None:
+        """What the recorder does between two final rounds (nothing unless it says)."""
 
 
 class ChannelRecorder(_ViewSampler):
@@ -456,20 +478,14 @@ class ChannelRecorder(_ViewSampler):
 
     # ------------------------------------------------------------------------------------ views
 
-    def _final_views(self) -> None:
-        """Rounds marked final until every answering broker applied the last message read (bounded)."""
-        if not self.brokers:
-            return
-        end = time.monotonic() + self.final_views_s
-        while True:
-            views = self._view_round(final=True)
-            last = self._last_mid[:2] if self._last_mid else None
-            behind = [b for b, v in views.items() if "error" not in v and (
-                list(v["last_applied"])[:2] if isinstance(v.get("last_applied"), list) else None) != last]
-            if not behind or time.monotonic() >= end:
-                return
-            time.sleep(1.0)
-            self._drain()
+    def _behind(self, views: dict[str, dict[str, Any]]) -> list[str]:
+        """The final rounds last until every answering broker applied the last message read."""
+        last = self._last_mid[:2] if self._last_mid else None
+        return [b for b, v in views.items() if "error" not in v and (
+            list(v["last_applied"])[:2] if isinstance(v.get("last_applied"), list) else None) != last]
+
+    def _between_final_rounds(self) -> None:
+        self._drain()                       # what was sent meanwhile
 
     # ------------------------------------------------------------------------------------ closing
 
@@ -617,19 +633,11 @@ class MetadataChannelRecorder(_ViewSampler, OwnershipRecorder):
         super()._row(key, BUNDLE_OWNER, out)
 
     # -- views -------------------------------------------------------------------------------------------
-    def _final_views(self) -> None:
-        """Rounds marked final until every answering broker's records equal the store's (bounded)."""
-        if not self.brokers:
-            return
-        end = time.monotonic() + self.final_views_s
-        while True:
-            views = self._view_round(final=True)
-            with self._row_lock:
-                table = {k: r for k, r in self._table.items() if r is not None}
-            behind = [b for b, v in views.items() if "error" not in v and v.get("records") != table]
-            if not behind or time.monotonic() >= end:
-                return
-            time.sleep(1.0)
+    def _behind(self, views: dict[str, dict[str, Any]]) -> list[str]:
+        """The final rounds last until every answering broker's records equal the store's."""
+        with self._row_lock:
+            table = {k: r for k, r in self._table.items() if r is not None}
+        return [b for b, v in views.items() if "error" not in v and v.get("records") != table]
 
 
 def table_view_of(cluster: dict[str, Any], view_fetch: Callable[[str], dict[str, Any]] = fetch_view) -> str:

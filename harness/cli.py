@@ -187,40 +187,29 @@ def _lb_args(p: argparse.ArgumentParser, default: str | None) -> None:
                         "loadBalancerSheddingIntervalMinutes=0.1 (repeatable)")
 
 
-def _broker_settings(items: list[str] | None) -> dict[str, Any]:
-    """`NAME=VALUE` strings -> {NAME: VALUE} (values stay strings: clusters/broker/settings.py checks them)."""
+def _settings(flag: str, example: str, items: list[str] | None) -> dict[str, Any]:
+    """`NAME=VALUE` strings of `flag` -> {NAME: VALUE} (values stay strings: the load-balancer, broker and
+    bookie settings check and coerce them); a malformed item is a UserError naming the flag, with
+    `example` (a NAME=VALUE of that flag) in the fix."""
     out: dict[str, Any] = {}
     for item in items or []:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
-            raise UserError(f"--broker-setting {item!r} is not NAME=VALUE",
-                            "write e.g. --broker-setting managedLedgerMaxLedgerRolloverTimeMinutes=0.02")
-        out[name.strip()] = value.strip()
-    return out
-
-
-def _bookie_settings(items: list[str] | None) -> dict[str, Any]:
-    """`NAME=VALUE` strings -> {NAME: VALUE} (values stay strings: clusters/bookie/settings.py checks them)."""
-    out: dict[str, Any] = {}
-    for item in items or []:
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip():
-            raise UserError(f"--bookie-setting {item!r} is not NAME=VALUE",
-                            "write e.g. --bookie-setting journalSyncData=false")
+            raise UserError(f"{flag} {item!r} is not NAME=VALUE", f"write e.g. {flag} {example}")
         out[name.strip()] = value.strip()
     return out
 
 
 def _lb_settings(items: list[str] | None) -> dict[str, Any]:
-    """`NAME=VALUE` strings -> {NAME: VALUE} (values stay strings: the settings coerce them)."""
-    out: dict[str, Any] = {}
-    for item in items or []:
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip():
-            raise UserError(f"--lb-setting {item!r} is not NAME=VALUE",
-                            "write e.g. --lb-setting loadBalancerSheddingIntervalMinutes=0.1")
-        out[name.strip()] = value.strip()
-    return out
+    return _settings("--lb-setting", "loadBalancerSheddingIntervalMinutes=0.1", items)
+
+
+def _broker_settings(items: list[str] | None) -> dict[str, Any]:
+    return _settings("--broker-setting", "managedLedgerMaxLedgerRolloverTimeMinutes=0.02", items)
+
+
+def _bookie_settings(items: list[str] | None) -> dict[str, Any]:
+    return _settings("--bookie-setting", "journalSyncData=false", items)
 
 
 @cluster_command("up", "start a cluster (it keeps running after this command) and print its service URL",

@@ -21,21 +21,9 @@ from typing import Any
 from clusters.deploy.backend import ClusterError
 from nemesis import targets
 from nemesis.base import Nemesis, NemesisContext, NemesisError
-from nemesis.lifecycle import _last_line
+from nemesis.lifecycle import _last_line, restart_if_down, start_again
 
 FLIPS = 16
-
-
-def _start(ctx: NemesisContext, name: str, out: dict[str, Any]) -> Any:
-    """Start the bookie again; `out` gets came_up (True), or error, and pid (None unless it runs)."""
-    try:
-        node = ctx.cluster.start(name)
-        out["came_up"] = True
-    except ClusterError as e:
-        out["error"] = str(e)
-        node = ctx.cluster.node(name)
-    out["pid"] = node.pid if node.alive else None
-    return node
 
 
 class DiskCorruptNemesis(Nemesis):
@@ -73,7 +61,7 @@ class DiskCorruptNemesis(Nemesis):
             except ClusterError:
                 pass
             raise NemesisError(f"{self.name}: {e}") from None
-        node = _start(ctx, name, value)
+        node = start_again(ctx, name, value)
         value["last_log_line"] = _last_line(node.log)
         return value
 
@@ -83,11 +71,7 @@ class DiskCorruptNemesis(Nemesis):
         name = self.applied["node"]
         node = ctx.cluster.node(name)
         out: dict[str, Any] = {"node": name, "restarted": False, "came_up": node.alive, "error": None}
-        if not node.alive:
-            out["restarted"] = True
-            node = _start(ctx, name, out)
-        else:
-            out["pid"] = node.pid
+        restart_if_down(ctx, node, out)
         self.applied = None
         return out
 

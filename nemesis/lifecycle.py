@@ -93,6 +93,36 @@ def wait_ready(ctx: NemesisContext, name: str, timeout: float) -> bool:
     return True
 
 
+def start_again(ctx: NemesisContext, name: str, out: dict[str, Any]) -> Any:
+    """Start node `name`, which a fault left down: `out` gets came_up (True) or error (why the start
+    failed), and pid (None unless it runs). Returns the node as it is after."""
+    try:
+        node = ctx.cluster.start(name)
+        out["came_up"] = True
+    except ClusterError as e:
+        out["error"] = str(e)
+        node = ctx.cluster.node(name)
+    out["pid"] = node.pid if node.alive else None
+    return node
+
+
+def restart_if_down(ctx: NemesisContext, node: Any, out: dict[str, Any],
+                    recover: Callable[[NemesisContext, Any, dict[str, Any]], Any] | None = None) -> Any:
+    """The shared stop() of disk-wipe and disk-corrupt, whose fault took `node` down: a node that runs is
+    left alone; one that is down is started again (`out` gets restarted True and, by `start_again`,
+    came_up or error); after a failed start (`out["came_up"]` still False) `recover(ctx, node, out)` may
+    bring it up another way and returns the node. `out` gets pid (None if down). Returns the node."""
+    if node.alive:
+        out["pid"] = node.pid
+        return node
+    out["restarted"] = True
+    node = start_again(ctx, node.name, out)
+    if recover is not None and not out["came_up"]:
+        node = recover(ctx, node, out)
+        out["pid"] = node.pid if node.alive else None
+    return node
+
+
 def _parse_role(nemesis: str, token: str | None, default: str) -> str:
     role = token or default
     if role not in ROLES:
@@ -266,6 +296,23 @@ class KillRoleNemesis(Nemesis):
 
 # ------------------------------------------------------------------------ disk wipe
 
+def _format_refused(ctx: NemesisContext, node: Any, out: dict[str, Any]) -> Any:
+    """The operator's answer to a bookie that refused to start on its wiped disk (its cookie is missing):
+    format it as a new bookie and start it; `out` moves the start's error to refused and gets formatted,
+    then came_up or the new error. A node of another role is left as it is."""
+    if node.role != "bookie" or node.alive:
+        return node
+    out["refused"], out["error"] = out["error"], None
+    try:
+        out["formatted"] = ctx.cluster.format(node.name)
+        node = ctx.cluster.start(node.name)
+        out["came_up"] = True
+    except ClusterError as e:
+        out["error"] = str(e)
+        node = ctx.cluster.node(node.name)
+    return node
+
+
 class DiskWipeNemesis(Nemesis):
     """Kill a bookie (or a ZooKeeper node), wipe its data dir, keep it down for the hold; stop starts
     it with the same identity; a bookie that refuses its wiped disk (its cookie is missing) is
@@ -306,25 +353,7 @@ class DiskWipeNemesis(Nemesis):
         node = ctx.cluster.node(name)
         out: dict[str, Any] = {"node": name, "role": node.role, "restarted": False, "came_up": node.alive,
                                "refused": None, "formatted": None, "error": None}
-        if not node.alive:
-            out["restarted"] = True
-            try:
-                node = ctx.cluster.start(name)
-                out["came_up"] = True
-            except ClusterError as e:        # refused (or failed) to start on the empty disk
-                out["error"] = str(e)
-                node = ctx.cluster.node(name)
-            if not out["came_up"] and node.role == "bookie" and not node.alive:
-                # the operator's answer to a bookie refusing its disk: format it as a new bookie
-                out["refused"], out["error"] = out["error"], None
-                try:
-                    out["formatted"] = ctx.cluster.format(name)
-                    node = ctx.cluster.start(name)
-                    out["came_up"] = True
-                except ClusterError as e:
-                    out["error"] = str(e)
-                    node = ctx.cluster.node(name)
-        out["pid"] = node.pid if node.alive else None
+        node = restart_if_down(ctx, node, out, _format_refused)
         out["last_log_line"] = _last_line(node.log)
         self.applied = None
         return out

@@ -296,3 +296,76 @@ def test_the_metadata_store_recorder_journals_records_and_views_from_zookeeper(z
     r = channel.check(store.merge_journals(store.journal_paths(tmp_path)))
     assert r.stats["convergence"].get(A) == "converged", r.stats["convergence"]
     assert r.stats["convergence"].get(B) != "converged" and "view-not-converged" in r.anomalies, r.anomalies
+
+
+def test_final_rounds_last_until_no_answering_broker_is_behind_or_the_time_is_up(tmp_path):
+    """`_final_views` of both recorders, without a channel: rounds marked final until no broker that
+    answers is behind (the topic recorder: its last_applied is not the last message read, and it reads
+    the topic again between rounds; the metadata recorder: its records are not the store's), and one
+    round only when `final_views_s` is 0. A broker that answers an error is never waited for."""
+    answers: dict[str, list[dict]] = {}
+
+    def view(url: str) -> dict:
+        broker = url.split("//", 1)[1]
+        queue = answers[broker]
+        return dict(queue.pop(0) if len(queue) > 1 else queue[0])
+
+    brokers = [(A, f"http://{A}"), (B, f"http://{B}")]
+
+    def final_rows(path: Path) -> list[tuple[str, dict]]:
+        rows = [(v.key, v.value) for v in _fs(path, CHANNEL_VIEW)]
+        assert all(value["final"] is True for _, value in rows)
+        return rows
+
+    def topic_recorder(name: str, final_views_s: float, last_mid: list[int] | None):
+        path = tmp_path / name / "channel.jsonl"
+        journal = Journal(path, time.monotonic_ns())
+        rec = channel_recorder.ChannelRecorder("pulsar://fake:6650", journal, brokers=brokers, view_fetch=view,
+                                               final_views_s=final_views_s)
+        rec._last_mid = last_mid
+        rec._drain = lambda: drains.append(len(_fs(path, CHANNEL_VIEW)))      # the read between rounds
+        return rec, journal, path
+
+    # the topic recorder: A applies the last message read ([3, 2, -1]; ledger and entry count) in the
+    # second round; B errs
+    drains: list[int] = []
+    answers.update({A: [{"last_applied": [3, 1, -1]}, {"last_applied": [3, 2, 7]}],
+                    B: [{"error": "HTTP 503"}]})
+    rec, journal, path = topic_recorder("topic", 10.0, [3, 2, -1])
+    rec._final_views()
+    journal.close()
+    assert [(k, v.get("last_applied", v.get("error"))) for k, v in final_rows(path)] == [
+        (A, [3, 1, -1]), (B, "HTTP 503"), (A, [3, 2, 7]), (B, "HTTP 503")]
+    assert drains == [2]
+    # behind for good: one round when final_views_s is 0; a last_applied that is no list is behind too
+    drains = []
+    answers.update({A: [{"last_applied": (3, 2)}], B: [{"last_applied": [3, 2]}]})
+    rec, journal, path = topic_recorder("bounded", 0.0, [3, 2, -1])
+    rec._final_views()
+    journal.close()
+    assert len(final_rows(path)) == 2 and drains == []
+    # nothing read and nothing applied: not behind; no brokers: no rounds
+    answers.update({A: [{"last_applied": None}], B: [{}]})
+    rec, journal, path = topic_recorder("empty", 10.0, None)
+    rec._final_views()
+    rec.brokers = []
+    rec._final_views()
+    journal.close()
+    assert len(final_rows(path)) == 2 and drains == []
+
+    # the metadata recorder: its table without the records found gone; B converges in the second round
+    table = {PARENT: _rec("Owned", A, v=2), "public/default/0x80000000_0xffffffff": None}
+    store_records = {PARENT: _rec("Owned", A, v=2)}
+    answers.update({A: [{"records": store_records}], B: [{"records": {}}, {"records": store_records}]})
+    path = tmp_path / "metadata" / "channel.jsonl"
+    journal = Journal(path, time.monotonic_ns())
+    meta = channel_recorder.MetadataChannelRecorder("127.0.0.1:1", journal, brokers=brokers, view_fetch=view,
+                                                    final_views_s=10.0)
+    meta._table = dict(table)
+    meta._final_views()
+    answers.update({B: [{"records": {}}]})
+    meta.final_views_s = 0.0
+    meta._final_views()                                   # B behind for good: one round
+    journal.close()
+    assert [(k, bool(v["records"])) for k, v in final_rows(path)] == [
+        (A, True), (B, False), (A, True), (B, True), (A, True), (B, False)]

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -196,3 +197,71 @@ def test_check_of_a_run_whose_history_is_empty_is_one_line_and_254(tmp_path):
     out = run("check", str(run_dir))
     assert out.returncode == 254
     _one_line_error(out, "no client op")
+
+
+@pytest.mark.parametrize("flag, example", [
+    ("--lb-setting", "loadBalancerSheddingIntervalMinutes=0.1"),
+    ("--broker-setting", "managedLedgerMaxLedgerRolloverTimeMinutes=0.02"),
+    ("--bookie-setting", "journalSyncData=false"),
+])
+def test_each_setting_flag_parses_name_value_and_names_itself_in_its_error(flag, example):
+    """The three `--*-setting NAME=VALUE` flags: names and values stripped, values kept as text (the
+    settings check them), the last of a name wins; a malformed item is a UserError naming that flag, the
+    item and the flag's own example."""
+    from harness import cli
+    table = flag[2:].replace("-setting", "_settings")
+    name, _, value = example.partition("=")
+    spec = cli.run_spec(cli.build_parser().parse_args(["run", flag, f" {name} = 1 ", flag, f"{name}={value}"]))
+    assert getattr(spec, table) == {name: value}
+    for bad in (name, f"={value}", f"  ={value}"):
+        with pytest.raises(cli.UserError) as e:
+            cli.run_spec(cli.build_parser().parse_args(["run", flag, example, flag, bad]))
+        assert str(e.value) == f"{flag} {bad!r} is not NAME=VALUE (fix: write e.g. {flag} {example})"
+
+
+class _SettingsProbe:
+    """CATALOG, with its broker/bookie settings checks recording what they are asked and answering
+    `answers` (a missing answer: the catalog has no such check)."""
+
+    def __init__(self, answers: dict[str, Any]):
+        self.answers, self.asked = answers, []
+
+    def __getattr__(self, name: str) -> Any:
+        table = name.removesuffix("_problem")
+        if table in ("broker_settings", "bookie_settings"):
+            if table not in self.answers:
+                raise AttributeError(name)
+            return lambda settings: (self.asked.append((table, dict(settings))), self.answers[table])[1]
+        return getattr(CATALOG, name)
+
+
+def test_broker_and_bookie_settings_tables_are_checked_in_that_order_by_the_catalog():
+    """core/spec.py: each of broker_settings and bookie_settings must be a table (its own fix), and a
+    non-empty one is the catalog's to judge when the catalog has that check; broker_settings first."""
+    def problem(spec: Spec, catalog: Any = CATALOG) -> tuple[str, str, str] | None:
+        try:
+            spec.validate("s.toml", catalog=catalog)
+        except SpecError as e:
+            return e.field, e.problem, e.fix
+        return None
+
+    assert problem(Spec(broker_settings="x", bookie_settings=[1])) == (
+        "broker_settings", "must be a table of setting = value",
+        "write e.g. [broker_settings] managedLedgerMaxLedgerRolloverTimeMinutes = 0.02")
+    assert problem(Spec(bookie_settings=[1])) == (
+        "bookie_settings", "must be a table of setting = value",
+        "write e.g. [bookie_settings] journalSyncData = false")
+    assert problem(Spec(bookie_settings=[1]), None)[0] == "bookie_settings"          # the shape without a catalog
+    both = _SettingsProbe({"broker_settings": ("broker bad", "broker fix"), "bookie_settings": ("bookie bad", "fix")})
+    assert problem(Spec(broker_settings={"a": 1}, bookie_settings={"b": 2}), both) == (
+        "broker_settings", "broker bad", "broker fix")
+    assert both.asked == [("broker_settings", {"a": 1})]
+    bookie = _SettingsProbe({"broker_settings": None, "bookie_settings": ("bookie bad", "bookie fix")})
+    assert problem(Spec(broker_settings={"a": 1}, bookie_settings={"b": 2}), bookie) == (
+        "bookie_settings", "bookie bad", "bookie fix")
+    assert bookie.asked == [("broker_settings", {"a": 1}), ("bookie_settings", {"b": 2})]
+    empty = _SettingsProbe({"broker_settings": ("never", "asked"), "bookie_settings": ("never", "asked")})
+    assert problem(Spec(), empty) is None and empty.asked == []                       # empty tables: not asked
+    assert problem(Spec(broker_settings={"a": 1}, bookie_settings={"b": 2}), _SettingsProbe({})) is None
+    assert problem(Spec(broker_settings={"managedLedgerMaxEntriesPerLedger": "lots"}))[:1] == ("broker_settings",)
+    assert problem(Spec(bookie_settings={"journalSyncData": "maybe"}))[:1] == ("bookie_settings",)

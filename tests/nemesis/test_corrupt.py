@@ -73,3 +73,31 @@ def test_a_target_that_is_no_bookie_and_a_bookie_with_nothing_checkpointed(tmp_p
         nem.start(ctx_of(c2))
     assert c2.calls[-3:] == [("kill", "bookie-1"), ("corrupt", "bookie-1"), ("start", "bookie-1")]
     assert c2.node("bookie-1").alive and nem.applied is None and nem.stop(ctx_of(c2)) == {}
+
+
+def test_stop_starts_a_bookie_that_went_down_again_and_records_a_start_that_fails(tmp_path):
+    """stop() after the damaged bookie died (or was killed by another fault): started again and recorded;
+    a start that fails is recorded (error, pid None), not raised; a bookie that runs is left alone."""
+    class RefusingFake(CorruptibleFake):
+        refuse = False
+
+        def start(self, name: str):
+            if self.refuse:
+                raise ClusterError(f"{name} exited with code 1 while starting")
+            return super().start(name)
+
+    c = RefusingFake(tmp_path, bookies=3)
+    nem = make("disk-corrupt:bookie-2")
+    nem.start(ctx_of(c))
+    c.kill("bookie-2")
+    out = nem.stop(ctx_of(c))
+    assert list(out.items()) == [("node", "bookie-2"), ("restarted", True), ("came_up", True), ("error", None),
+                                 ("pid", c.node("bookie-2").pid)]
+    assert c.calls[-2:] == [("kill", "bookie-2"), ("start", "bookie-2")] and nem.applied is None
+    nem.start(ctx_of(c))
+    c.kill("bookie-2")
+    c.refuse = True
+    out = nem.stop(ctx_of(c))
+    assert list(out.items()) == [("node", "bookie-2"), ("restarted", True), ("came_up", False),
+                                 ("error", "bookie-2 exited with code 1 while starting"), ("pid", None)]
+    assert not c.node("bookie-2").alive and nem.applied is None and nem.stop(ctx_of(c)) == {}

@@ -181,6 +181,31 @@ def test_disk_wipe_kills_wipes_and_records_the_restart():
         DiskWipeNemesis("broker-1").start(ctx2)
 
 
+def test_disk_wipe_stop_records_each_outcome_in_one_shape():
+    """The stop op's value, field by field in order: a node started by someone else meanwhile (left
+    alone), a clean start, a refusal then a format and start, a refusal then a failed format."""
+    keys = ["node", "role", "restarted", "came_up", "refused", "formatted", "error", "pid", "last_log_line"]
+    c = WipeableFake(bookies=3, refuse={"bookie-2", "bookie-3"}, unformattable={"bookie-3"})
+    outs = {}
+    for target in ("bookie-1", "zk-1", "bookie-2", "bookie-3"):
+        nem = DiskWipeNemesis(target)
+        ctx = ctx_of(c)
+        nem.start(ctx, nem.choose(ctx))
+        if target == "bookie-1":
+            c.start(target)
+        outs[target] = nem.stop(ctx)
+        assert list(outs[target]) == keys and nem.applied is None
+    pid = {n: c.node(n).pid for n in ("bookie-1", "zk-1", "bookie-2")}
+    formatted = {"node": "bookie-2", "bookie": "10.0.0.22:3181", "cookie_deleted": True, "removed": ["current"]}
+    assert [list(o.values()) for o in outs.values()] == [
+        ["bookie-1", "bookie", False, True, None, None, None, pid["bookie-1"], ""],
+        ["zk-1", "zookeeper", True, True, None, None, None, pid["zk-1"], ""],
+        ["bookie-2", "bookie", True, True, "bookie-2 exited with code 3 while starting: cookie is missing",
+         formatted, None, pid["bookie-2"], ""],
+        ["bookie-3", "bookie", True, False, "bookie-3 exited with code 3 while starting: cookie is missing",
+         None, "formatting bookie-3 failed: ZooKeeper not reachable", None, ""]]
+
+
 def test_the_runner_journals_lifecycle_faults(tmp_path):
     """Start and stop ops carry the nemeses' values through the journal (JSON) as they returned them."""
     from core.history import INVOKE, OK, Journal, read_jsonl
