@@ -20,13 +20,16 @@ EXPECTATIONS = (VALID, INVALID)
 @dataclass(frozen=True)
 class Unsafe:
     """A workload's deliberately unsafe setting: the options that make it (each a value, or a predicate
-    on the option's value), why the run must then be invalid, and a short label (e.g. `cas=unsafe`)."""
+    on the option's value), why the run must then be invalid, and a short label (e.g. `cas=unsafe`).
+    `given`: options it needs that are part of the scenario rather than of the setting (matched the same
+    way; the detection matrix compares the run with the same scenario's runs that have them)."""
     when: Mapping[str, Any]
     reason: str
     label: str = ""
+    given: Mapping[str, Any] = field(default_factory=dict)
 
     def applies(self, options: Mapping[str, Any], defaults: Mapping[str, Any]) -> bool:
-        for k, want in self.when.items():
+        for k, want in {**self.given, **self.when}.items():
             v = options.get(k, defaults.get(k))
             if not (want(v) if callable(want) else v == want):
                 return False

@@ -53,11 +53,11 @@ UNSAFE = (Unsafe({"exactly_once": True, "nack_every": nonzero},
                  "exactly-once delivery claimed while consumers negatively acknowledge messages they "
                  "recorded: Pulsar redelivers them, so values are dequeued twice",
                  label="exactly_once+nack_every"),
-          Unsafe({"dedup": True, "pin_sequence_ids": False},
-                 "the official C++ client numbers a message like the one it resends after a reconnect made "
-                 "before its first receipt (a failed first write); the deduplicating broker acknowledges "
-                 "it with (-1, -1) and never stores it: `lost`",
-                 label="dedup+pin_sequence_ids=false"),)
+          Unsafe({"pin_sequence_ids": False},
+                 "with dedup, the official C++ client numbers a message like the one it resends after a "
+                 "reconnect made before its first receipt (a failed first write); the deduplicating broker "
+                 "acknowledges it with (-1, -1) and never stores it: `lost`",
+                 given={"dedup": True}),)
 
 
 def option_problem(spec: TestSpec) -> tuple[str, str] | None:

@@ -158,6 +158,14 @@ def test_a_scenario_is_the_spec_without_knobs_seeds_names_and_expectation():
     assert drop == {"cas"}
     assert det.scenario(opts, drop) == det.scenario({**opts, "options": {"keys": 3}})
     assert det.unsafe_option_keys({"keys": 3}, unsafe, {"cas": "safe"}) == set()
+    # a setting that needs another option (`given`): only its own options are dropped, so the run shares
+    # the scenario of the runs with that other option and not the setting
+    pin = [Unsafe({"pin_sequence_ids": False}, "loses", given={"dedup": True})]
+    q = {**SPEC, "workload": "queue", "options": {"dedup": True, "pin_sequence_ids": False}}
+    drop = det.unsafe_option_keys(q["options"], pin, {"dedup": False, "pin_sequence_ids": True})
+    assert drop == {"pin_sequence_ids"}
+    assert det.scenario(q, drop) == det.scenario({**q, "options": {"dedup": True}})
+    assert det.unsafe_option_keys({"pin_sequence_ids": False}, pin, {"dedup": False}) == set()
 
 
 def fact(cause: str, scen: str, valid: str, secs: float | None = None, types=("log:lost",)) -> dict:

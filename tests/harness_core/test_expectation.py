@@ -24,6 +24,7 @@ def exp(**kw):
     (dict(workload="register", options={"cas": "unsafe"}), "register:cas=unsafe"),
     (dict(workload="exactly-once", options={"seek": False}), "exactly-once:seek=false"),
     (dict(workload="queue", options={"exactly_once": True, "nack_every": 5}), "queue:exactly_once+nack_every"),
+    (dict(workload="queue", options={"dedup": True, "pin_sequence_ids": False}), "queue:pin_sequence_ids=false"),
 ])
 def test_unsafe_things_make_a_run_expected_invalid(kw, label):
     e = exp(**kw)
@@ -36,6 +37,8 @@ def test_unsafe_things_make_a_run_expected_invalid(kw, label):
     dict(workload="register", options={"cas": "versioned"}),
     dict(workload="queue", options={"exactly_once": True}),          # claimed, but no nacks
     dict(workload="queue", options={"nack_every": 5}),               # nacks, but no claim
+    dict(workload="queue", options={"pin_sequence_ids": False}),     # the client's reset, but no dedup
+    dict(workload="queue", options={"dedup": True}),                 # pinned by default
 ])
 def test_safe_configurations_are_expected_valid(kw):
     assert exp(**kw).expected == VALID and exp(**kw).labels == []
