@@ -35,7 +35,10 @@ SOURCES: dict[str, str] = {
     "cpu_per_msg_us": "assumed: 20 us of CPU per message in + out on a broker",
     "cpu_cores": "assumed: 8 cores per broker",
     "nic_mbytes": "assumed: 125 MB/s per broker (1 Gbit/s) each way",
-    "base_cpu_percent": "assumed: an idle broker's CPU, 5 % of one core per core",
+    "base_cpu_percent": "assumed: an idle broker's CPU, 5 % of one core per core (an idle broker's whole usage: "
+                        "memory is not in the extensible load manager's max). The validation scenarios' is measured "
+                        "on our real runs' reports of brokers without topics (`python -m bench.lb_sim calibrate`): "
+                        "0.3 to 0.6 %",
     "report_noise": "0 by default (high rates average out): each report's bandwidth and message CPU times "
                     "max(0, 1 + N(0, report_noise)), a relative noise the same at every rate. The validation "
                     "scenario used 0.35 until our real reports showed their noise is a count's (report_noise_kb)",
@@ -55,7 +58,9 @@ SOURCES: dict[str, str] = {
                      "(lookups, producer and consumer commands), counted in that broker's next report: a broker that "
                      "takes many topics at once reports a burst. The validation scenario's is measured on our real "
                      "runs' leaves (`python -m bench.lb_sim leave`, bench/README.md)",
-    "connect_kb_out": "0 by default. The same, from the broker to the clients (answers, redelivered messages)",
+    "connect_kb_out": "0 by default. The same, from the broker to the clients (answers, and the consumer's "
+                      "unacknowledged messages sent again: with 4 KB payloads 10 KB a topic, measured as the taking "
+                      "broker's out beyond its in, `python -m bench.lb_sim leave`)",
     "stats_interval_ms": "0 by default: a bundle's rates are exact at every moment. Above 0, they are recomputed "
                          "every stats_interval_ms as our brokers' Rates do (clusters/broker/service.py "
                          "RATE_INTERVAL_S = 5 s): a topic shows nothing until the first recomputation after it "
