@@ -6,6 +6,7 @@
     .venv/bin/python -m bench.lb_sim one SCENARIO LM [--fraction F]   # one run, JSON on stdout
     .venv/bin/python -m bench.lb_sim calibrate RUN_DIR...  # small-6-3-6's measured parameters from real runs
     .venv/bin/python -m bench.lb_sim leave RUN_DIR...      # what a real leave took and where its bundles went
+    .venv/bin/python -m bench.lb_sim join RUN_DIR...       # the shedder's cycle after a join, real and simulated
 
 Every run is its own process (so its peak RSS is its own); each prints the wall time, the events run and
 the peak RSS beside the outcome. The tables go in bench/README.md ("lb-sim").
