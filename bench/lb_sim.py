@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import re
 import statistics
 import subprocess
@@ -86,12 +87,13 @@ def calibrate(run_dirs: list[str], start_s: float = 20.0) -> dict:
     system-topic messages); each report's deviation e from its broker's centred 15-s mean,
     var(e) = D x its KB/s over one report (`report_noise_kb` = D; a Poisson count of D-KB lumps); an idle
     broker's CPU (`base_cpu_percent`: `idle_cpu`, every report of a broker without topics or bundles, in
-    the whole run). None of these is a settling time or an unload count."""
+    the whole run); each broker's report phase (`report_phases`, for `report_phase`). None of these is a
+    settling time or an unload count."""
     from core import store
 
     from bench.lb_scale import SETTINGS
     report_s = float(SETTINGS["loadBalancerReportUpdateMinIntervalMillis"]) / 1000
-    points, sends, e2, payload, idle = [], [], [], [], []
+    points, sends, e2, payload, idle, phases = [], [], [], [], [], []
     links = set()
     for d in run_dirs:
         link_kb = _link_kb(d)
@@ -102,6 +104,7 @@ def calibrate(run_dirs: list[str], start_s: float = 20.0) -> dict:
         if leave is None:
             continue
         lo, hi = start_s * 1e9, leave - 2e9
+        phases.append(report_phases(hist, lo, hi, report_s))
         sends.append(sum(1 for op in hist if op.f == "send" and op.type == "ok" and lo <= op.time_ns <= hi)
                      / ((hi - lo) / 1e9))
         by: dict[str, list[tuple[float, float, float]]] = {}
@@ -133,7 +136,27 @@ def calibrate(run_dirs: list[str], start_s: float = 20.0) -> dict:
             # an idle broker's CPU: its whole usage until it takes a bundle (the joined brokers before the shedder
             # gives them any), the mean because the shedder's EMA averages the reports
             "base_cpu_percent": round(statistics.mean(idle), 3) if idle else None, "idle_reports": len(idle),
+            # each broker's reports keep its own phase (concentration near 1), the brokers' phases apart
+            "report_phases": [{b.split("-")[-1]: ph for b, (ph, _) in run_ph.items()} for run_ph in phases],
+            "report_phase_concentration_min": min((r for run_ph in phases for _, r in run_ph.values()), default=None),
             "link_kb_s": sorted(round(x, 3) for x in links)}
+
+
+def report_phases(hist: list, lo_ns: float, hi_ns: float, interval_s: float = 1.0) -> dict[str, tuple[float, float]]:
+    """Each broker's phase within the report interval over its reports from lo_ns to hi_ns: the circular
+    mean of the report times modulo the interval, as a fraction of it, and its concentration (1: every
+    report at the same phase; about 0 for times spread at random): what params.report_phase stands for."""
+    by: dict[str, list[float]] = {}
+    for op in hist:
+        v = op.value
+        if op.f == "lb-event" and isinstance(v, dict) and v.get("event") == "load-report" and lo_ns <= op.time_ns <= hi_ns:
+            by.setdefault(v.get("logged_by") or v.get("broker", ""), []).append(op.time_ns / 1e9 / interval_s % 1.0)
+    out = {}
+    for b, xs in sorted(by.items()):
+        c = sum(math.cos(2 * math.pi * x) for x in xs)
+        sn = sum(math.sin(2 * math.pi * x) for x in xs)
+        out[b] = (round(math.atan2(sn, c) / (2 * math.pi) % 1.0, 3), round(math.hypot(c, sn) / len(xs), 3))
+    return out
 
 
 def idle_cpu(hist: list, skip: int = 3) -> list[float]:

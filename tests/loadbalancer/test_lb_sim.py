@@ -587,7 +587,7 @@ def test_a_broker_taking_topics_reports_their_clients_connecting():
     runs' leaves, bench/lb_sim.py `leave`). With connect_kb_* the simulated broker's next report carries
     them, once; without, nothing; nothing else changes (the same seed, the same run otherwise)."""
     sc = scenario.BUILTIN["small-6-3-6"]
-    quiet = dict(report_noise_kb=0, system_msg_overhead_bytes=0, stats_interval_ms=0)
+    quiet = dict(report_noise_kb=0, system_msg_overhead_bytes=0, stats_interval_ms=0, report_phase=0)
     off = run.simulate(dataclasses.replace(_quiet(sc, **quiet, connect_kb_in=0, connect_kb_out=0), duration_s=6),
                        "modular")
     on = run.simulate(dataclasses.replace(_quiet(sc, **quiet, connect_kb_in=2.0, connect_kb_out=2.0), duration_s=6),
@@ -602,6 +602,32 @@ def test_a_broker_taking_topics_reports_their_clients_connecting():
             extra += u_on - u_off
     # each report is one second: its usage is KB/s over the link, so the excess sums to KB / link
     assert extra == pytest.approx(len(on.t_name) * 2.0 / link_kb, rel=1e-6)
+
+
+@pytest.mark.parametrize("lm", ["modular", "extensible"])
+def test_each_broker_reports_at_its_own_phase_when_asked(lm):
+    """Our brokers' one-second reports keep each broker's own phase, the six spread over the second (their
+    reporters start with the broker). report_phase 1: each simulated broker's reports come at its own
+    offset into every round, the same offset round after round, drawn from the seed; 0: every broker at
+    the round's instant. A leave's stops, about 1 s apart, then see some brokers' reports of the last
+    stop's moves and not others'."""
+    sc = dataclasses.replace(scenario.BUILTIN["tiny"], duration_s=31, events=())
+    def offsets(phase: float, seed: int = 1) -> dict[str, set[int]]:
+        p = dataclasses.replace(sc.sim_params(lm), report_phase=phase)
+        c = run.LOAD_MANAGERS[lm](sc, sc.lb_settings(), p, seed)
+        c.run()
+        out: dict[str, set[int]] = {}
+        for b, rows in c.load_series.items():
+            # every report but the one a broker makes as it registers
+            out[b] = {round(t * 1000) % c.report_ms for t, _ in rows[1:]}
+        return out
+    together = offsets(0)
+    assert all(o == {0} for o in together.values())
+    own = offsets(1)
+    assert all(len(o) == 1 for o in own.values())          # one phase per broker, kept
+    assert len({next(iter(o)) for o in own.values()}) == len(own) > 1   # and not the same phase
+    assert offsets(1) == own                                 # drawn from the seed
+    assert offsets(1, seed=2) != own
 
 
 def test_a_load_manager_gets_its_own_parameters_over_the_scenarios(tmp_path):

@@ -65,6 +65,11 @@ SOURCES: dict[str, str] = {
                          "every stats_interval_ms as our brokers' Rates do (clusters/broker/service.py "
                          "RATE_INTERVAL_S = 5 s): a topic shows nothing until the first recomputation after it "
                          "connected, then the part of that interval it was connected for",
+    "report_phase": "0 by default: every broker reports at the same instant of each report round. Above 0, each "
+                    "broker's reports come at its own offset into the round, drawn when it registers, uniform over "
+                    "this fraction of the interval: our brokers' reporters start with the broker, and their "
+                    "one-second reports keep each broker's own phase, spread over the second (bench/README.md "
+                    "'Validation against our real cluster'); the validation scenarios use 1",
     "balance_smooth_s": "0: each broker's last report; the validation scenario uses 15 s, the '15 s band' of "
                         "bench/README.md (each broker's reports averaged over 15 s)",
     "balance_band": "the balance checker's band used in bench/README.md: every broker within 0.10 of the mean",
@@ -100,6 +105,7 @@ class SimParams:
     system_msg_overhead_bytes: float = 0.0
     connect_kb_in: float = 0.0
     connect_kb_out: float = 0.0
+    report_phase: float = 0.0
     balance_band: float = 0.10
     balance_hold_s: float = 15.0
     balance_smooth_s: float = 0.0

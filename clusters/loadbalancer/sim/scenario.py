@@ -381,13 +381,16 @@ _add(Scenario(
     # the bytes a topic's clients cost the broker that takes it (0.483 KB in, 0.303 out: nine brokers of
     # four runs). An idle broker's CPU (0.306 %, the mean of 1,132 reports of brokers without topics or bundles
     # in those runs: `calibrate`; the assumed 5 % made a joined broker look 0.05 loaded, ten times ours, and
-    # TransferShedder moves half the difference). Settling judged on 15-s averages as theirs; the brokers' rates recomputed every 5 s
+    # TransferShedder moves half the difference). Each broker reports at its own phase of the second (our
+    # brokers' reporters start with the broker: each keeps its phase, the six spread over the second; a
+    # leave's stops, about 1 s apart, then see the bursts of the last stop's moves in some brokers' reports
+    # and not in others'). Settling judged on 15-s averages as theirs; the brokers' rates recomputed every 5 s
     # (clusters/broker/service.py RATE_INTERVAL_S). The leaving brokers are drawn at random and stopped one
     # after another, as the scale nemesis does.
     msg_rate=117.2, msg_size=92,
     params={"nic_mbytes": 0.00896, "report_noise_kb": 0.096, "base_kb_s": 0.245, "system_msg_overhead_bytes": 37,
             "graceful_unload_ms": 355, "topic_load_ms": 89, "connect_kb_in": 0.483, "connect_kb_out": 0.303,
-            "balance_smooth_s": 15, "stats_interval_ms": 5000, "base_cpu_percent": 0.306},
+            "balance_smooth_s": 15, "stats_interval_ms": 5000, "base_cpu_percent": 0.306, "report_phase": 1},
     load_manager_params={"extensible": {"graceful_unload_ms": 930}},
     events=(Event(at_s=60, kind="leave", count=3, random=True, sequential=True),
             Event(at_s=180, kind="join", count=3)),
