@@ -6,6 +6,7 @@
     .venv/bin/python -m bench.lb_sim one SCENARIO LM [--fraction F]   # one run, JSON on stdout
     .venv/bin/python -m bench.lb_sim calibrate RUN_DIR...  # small-6-3-6's measured parameters from real runs
     .venv/bin/python -m bench.lb_sim leave RUN_DIR...      # what a real leave took and where its bundles went
+    .venv/bin/python -m bench.lb_sim join RUN_DIR...       # the shedder's cycle after a join, real and simulated
 
 Every run is its own process (so its peak RSS is its own); each prints the wall time, the events run and
 the peak RSS beside the outcome. The tables go in bench/README.md ("lb-sim").
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import re
 import statistics
 import subprocess
@@ -83,22 +85,26 @@ def calibrate(run_dirs: list[str], start_s: float = 20.0) -> dict:
     broker's bytes without topics (`base_kb_s`); the workload's sends per second (`msg_rate`); the wire
     bytes beyond a message's payload (`system_msg_overhead_bytes`, for the extensible load manager's
     system-topic messages); each report's deviation e from its broker's centred 15-s mean,
-    var(e) = D x its KB/s over one report (`report_noise_kb` = D; a Poisson count of D-KB lumps). None of
-    these is a settling time or an unload count."""
+    var(e) = D x its KB/s over one report (`report_noise_kb` = D; a Poisson count of D-KB lumps); an idle
+    broker's CPU (`base_cpu_percent`: `idle_cpu`, every report of a broker without topics or bundles, in
+    the whole run); each broker's report phase (`report_phases`, for `report_phase`). None of these is a
+    settling time or an unload count."""
     from core import store
 
     from bench.lb_scale import SETTINGS
     report_s = float(SETTINGS["loadBalancerReportUpdateMinIntervalMillis"]) / 1000
-    points, sends, e2, payload = [], [], [], []
+    points, sends, e2, payload, idle, phases = [], [], [], [], [], []
     links = set()
     for d in run_dirs:
         link_kb = _link_kb(d)
         links.add(link_kb)
         hist = store.load_history(d)
+        idle += idle_cpu(hist)
         leave = min((op.time_ns for op in hist if op.f == "start-scale"), default=None)
         if leave is None:
             continue
         lo, hi = start_s * 1e9, leave - 2e9
+        phases.append(report_phases(hist, lo, hi, report_s))
         sends.append(sum(1 for op in hist if op.f == "send" and op.type == "ok" and lo <= op.time_ns <= hi)
                      / ((hi - lo) / 1e9))
         by: dict[str, list[tuple[float, float, float]]] = {}
@@ -127,7 +133,46 @@ def calibrate(run_dirs: list[str], start_s: float = 20.0) -> dict:
             "base_kb_s": round(my - slope * mx, 3), "report_noise_kb": round(statistics.mean(e2) * report_s, 3),
             # a system topic's message costs its payload plus what a workload message costs beyond its own
             "system_msg_overhead_bytes": round(slope * 1024 - statistics.mean(payload)),
+            # an idle broker's CPU: its whole usage until it takes a bundle (the joined brokers before the shedder
+            # gives them any), the mean because the shedder's EMA averages the reports
+            "base_cpu_percent": round(statistics.mean(idle), 3) if idle else None, "idle_reports": len(idle),
+            # each broker's reports keep its own phase (concentration near 1), the brokers' phases apart
+            "report_phases": [{b.split("-")[-1]: ph for b, (ph, _) in run_ph.items()} for run_ph in phases],
+            "report_phase_concentration_min": min((r for run_ph in phases for _, r in run_ph.values()), default=None),
             "link_kb_s": sorted(round(x, 3) for x in links)}
+
+
+def report_phases(hist: list, lo_ns: float, hi_ns: float, interval_s: float = 1.0) -> dict[str, tuple[float, float]]:
+    """Each broker's phase within the report interval over its reports from lo_ns to hi_ns: the circular
+    mean of the report times modulo the interval, as a fraction of it, and its concentration (1: every
+    report at the same phase; about 0 for times spread at random): what params.report_phase stands for."""
+    by: dict[str, list[float]] = {}
+    for op in hist:
+        v = op.value
+        if op.f == "lb-event" and isinstance(v, dict) and v.get("event") == "load-report" and lo_ns <= op.time_ns <= hi_ns:
+            by.setdefault(v.get("logged_by") or v.get("broker", ""), []).append(op.time_ns / 1e9 / interval_s % 1.0)
+    out = {}
+    for b, xs in sorted(by.items()):
+        c = sum(math.cos(2 * math.pi * x) for x in xs)
+        sn = sum(math.sin(2 * math.pi * x) for x in xs)
+        out[b] = (round(math.atan2(sn, c) / (2 * math.pi) % 1.0, 3), round(math.hypot(c, sn) / len(xs), 3))
+    return out
+
+
+def idle_cpu(hist: list, skip: int = 3) -> list[float]:
+    """The CPU percent of every load report of a broker with no topic and no bundle, after its first `skip`
+    reports (a starting broker's first reports carry its start-up): what the simulator's base_cpu_percent
+    stands for (an idle broker's usage is its CPU; memory is not in the extensible load manager's max)."""
+    seen: dict[str, int] = {}
+    out = []
+    for op in hist:
+        v = op.value
+        if op.f == "lb-event" and isinstance(v, dict) and v.get("event") == "load-report" and "cpu" in v:
+            b = v.get("logged_by") or v.get("broker", "")
+            seen[b] = seen.get(b, 0) + 1
+            if seen[b] > skip and not v.get("numTopics") and not v.get("numBundles"):
+                out.append(float(v["cpu"]))
+    return out
 
 
 _LOG_LINE = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ \w+ \S+: (.*)")
@@ -172,7 +217,11 @@ def _connect_bytes(hist: list, leave_ns: int, ok_ns: int, leaving: list[str], li
     producer and consumer commands on reconnecting): per remaining broker, its reports of the 2 s after
     it first shows more topics than before the leave, each minus its topics x its own KB/s per topic
     before the leave (reports from 20 s to 2 s before the leave), summed over those seconds and divided
-    by the topics it gained. Returns {in, out, brokers} in KB per topic, or None."""
+    by the topics it gained; and, robust to the sends' dip after a move, the KB out beyond in (times the
+    broker's own out / in before) over its reports from the leave to 3 s after its ok, per topic gained
+    (`out_beyond_in`: a moved topic's consumer sent its unacknowledged messages again; with one
+    subscription out equals in otherwise). Returns {in, out, brokers, out_beyond_in, out_beyond_in_each}
+    in KB per topic, or None."""
     by: dict[str, list[tuple[float, float, float, int]]] = {}
     for op in hist:
         v = op.value
@@ -180,7 +229,7 @@ def _connect_bytes(hist: list, leave_ns: int, ok_ns: int, leaving: list[str], li
             by.setdefault(v.get("logged_by") or v["broker"], []).append(
                 (op.time_ns, float(v["bandwidthIn"]) / 100 * link_kb, float(v["bandwidthOut"]) / 100 * link_kb,
                  int(v.get("numTopics") or 0)))
-    per_in, per_out = [], []
+    per_in, per_out, per_excess = [], [], []
     for b, rows in by.items():
         if b in leaving:
             continue
@@ -200,9 +249,21 @@ def _connect_bytes(hist: list, leave_ns: int, ok_ns: int, leaving: list[str], li
         n = max(r[3] for r in win) - topics0
         per_in.append(sum(r[1] - r[3] * kin for r in win) / n)
         per_out.append(sum(r[2] - r[3] * kout for r in win) / n)
+        # out beyond in: at a steady load a broker's out is its in times its subscriptions (one here), and the
+        # sends' dip after a move (the send threads wait for the moved topics) lowers both alike; what a moved
+        # topic's consumer is sent again on reconnecting (its unacknowledged messages) shows in out alone
+        ratio = sum(r[2] for r in before) / max(1e-9, sum(r[1] for r in before))
+        span = [r for r in rows if leave_ns <= r[0] <= ok_ns + 3e9]
+        gained_n = max(r[3] for r in span) - topics0
+        if gained_n >= 3:
+            per_excess.append(sum(r[2] - ratio * r[1] for r in span) / gained_n)
     if not per_in:
         return None
-    return {"in": round(statistics.mean(per_in), 3), "out": round(statistics.mean(per_out), 3), "brokers": len(per_in)}
+    out = {"in": round(statistics.mean(per_in), 3), "out": round(statistics.mean(per_out), 3), "brokers": len(per_in)}
+    if per_excess:
+        out["out_beyond_in"] = round(statistics.mean(per_excess), 3)
+        out["out_beyond_in_each"] = [round(x, 3) for x in per_excess]
+    return out
 
 
 def leave(run_dirs: list[str]) -> dict:
@@ -273,6 +334,12 @@ def leave(run_dirs: list[str]) -> dict:
     if not runs:
         raise ValueError("no leave in these runs: give run folders of bench/lb_scale.py")
     out: dict = {"runs": runs, "stop_s_mean": round(statistics.mean(r["stop_s"] for r in runs), 3)}
+    excess = [x for r in runs for x in (r.get("connect_kb_per_topic") or {}).get("out_beyond_in_each", [])]
+    if excess:
+        # KB a moved topic's consumer is sent again by the broker that takes it, over every remaining broker of
+        # every run: what the payload scenario's connect_kb_out is (its in is not measurable through the dip)
+        out["out_beyond_in_kb_per_topic"] = {"mean": round(statistics.mean(excess), 3),
+                                             "min": min(excess), "max": max(excess), "brokers": len(excess)}
     if loads:
         loads.sort()
         out["topic_load_ms"] = {"median": round(_q(loads, 0.5) * 1000), "p10": round(_q(loads, 0.1) * 1000),
@@ -309,6 +376,115 @@ def sim_leave(lm: str, seed: int, name: str = "small-6-3-6") -> dict:
         out["producers_back_s"] = {"median": round(back[len(back) // 2], 1), "p90": round(_q(back, 0.9), 1),
                                    "max": round(back[-1], 1), "topics": len(back)}
     return out
+
+
+def planned_deviation(emas: list[float]) -> float:
+    """How far from their mean the brokers would end if one TransferShedder cycle paired them exactly as it
+    does (most loaded with least loaded, the next with the next, up to three pairs) and each pair met half
+    way: the part of the join's outcome fixed before the cycle by how the brokers stood."""
+    s = sorted(emas)
+    out = list(s)
+    for i in range(min(3, len(s) // 2)):
+        out[i] = out[-1 - i] = (s[i] + s[-1 - i]) / 2
+    m = statistics.mean(out)
+    return max(abs(x - m) for x in out)
+
+
+def _join_cycle(join_s: float, sheds: list[tuple[float, dict[str, float]]], unloads: list[tuple[float, str, str]],
+                reports: dict[str, list[tuple[float, float]]], sends: list[float], end_s: float) -> dict | None:
+    """The shedder's first cycle with unloads after a join and what followed: the brokers' averaged load the
+    cycle compared (`emas`), the spread of the three that had carried the load, its pairs (source,
+    destination, bundles), the planned deviation (`planned_deviation`) against the brokers' 15-s means at the
+    end (the "15 s band"'s figure: the largest distance from their mean), and the sends a second around the
+    cycle against the 15 s before (the dip while the moved topics' sends wait)."""
+    first = next(((t, e) for t, e in sheds if t > join_s), None)
+    if first is None:
+        return None
+    t0, emas = first
+    pairs: dict[tuple[str, str], int] = {}
+    for t, src, dst in unloads:
+        if t0 <= t <= t0 + 5:
+            pairs[(src, dst)] = pairs.get((src, dst), 0) + 1
+    ends = [statistics.mean(u for t, u in rows if end_s - 15 <= t <= end_s) for rows in reports.values()
+            if any(end_s - 15 <= t <= end_s for t, _ in rows)]
+    m = statistics.mean(ends)
+    three = sorted(emas.values())[-3:]
+    base = sum(1 for t in sends if t0 - 16 <= t < t0 - 1) / 15
+    dip = [round(sum(1 for t in sends if t0 + i <= t < t0 + i + 1) / base, 2) if base else None for i in range(4)]
+    return {"after_join_s": round(t0 - join_s, 1), "three_spread": round(three[-1] - three[0], 3),
+            "pairs": [[a, b, n] for (a, b), n in pairs.items()], "planned_dev": round(planned_deviation(list(emas.values())), 3),
+            "end_dev": round(max(abs(x - m) for x in ends), 3), "sends_after_cycle": dip}
+
+
+def join_real(run_dirs: list[str]) -> list[dict]:
+    """`_join_cycle` for real runs of bench/lb_scale.py (extensible: the leader's shedding records carry the
+    averages it compared)."""
+    from core import store
+    out = []
+    for d in run_dirs:
+        hist = store.load_history(d)
+        inv = next((op for op in hist if op.f == "stop-scale" and op.type == "invoke"), None)
+        if inv is None:
+            continue
+        cluster = json.loads((Path(d) / "cluster.json").read_text()) if (Path(d) / "cluster.json").exists() else {}
+        nodes = cluster.get("nodes") or []
+        ip = {n["host"]: n["name"] for n in (nodes.values() if isinstance(nodes, dict) else nodes)
+              if isinstance(n, dict) and n.get("name") and n.get("host")}
+        name = lambda b: ip.get((b or "").split(":")[0], b)  # noqa: E731
+        sheds, unloads, sends = [], [], []
+        reports: dict[str, list[tuple[float, float]]] = {}
+        for op in hist:
+            v, t = op.value, op.time_ns / 1e9
+            if op.f == "send" and op.type == "ok":
+                sends.append(t)
+            if op.f != "lb-event" or not isinstance(v, dict):
+                continue
+            if v.get("event") == "load-report":
+                reports.setdefault(name(v["broker"]), []).append((t, float(v["max_usage_with_weight"])))
+            elif v.get("event") == "shedding" and (v.get("plan") or {}).get("unloads"):
+                rec = (v["plan"].get("strategy_record") or {}).get("brokers") or {}
+                sheds.append((t, {name(b): float(x["avg_usage"]) for b, x in rec.items()}))
+            elif v.get("event") == "unload" and str(v.get("reason", "")).startswith("shed"):
+                unloads.append((t, name(v.get("source")), name(v.get("destination"))))
+        if not sends:
+            continue
+        row = _join_cycle(inv.time_ns / 1e9, sheds, unloads, reports, sends, max(sends))
+        if row:
+            out.append({"run": str(d), **row})
+    if not out:
+        raise ValueError("no join with a shedding cycle in these runs: give run folders of bench/lb_scale.py "
+                         "--load-manager extensible")
+    return out
+
+
+def join_sim(seed: int, name: str = "small-6-3-6-payload") -> dict | None:
+    """`_join_cycle` for one simulation of `name` with the extensible load manager (its sends: the topics'
+    rates while connected, a fluid count, so no dip unless the model has one)."""
+    sc = scenario.BUILTIN[name]
+    c = run.simulate(sc, "extensible", seed=seed)
+    ev = next(e for e in sc.events if e.kind == "join")
+    nm = lambda b: c.brokers[b].name if b in c.brokers else b  # noqa: E731
+    sheds, unloads, emas = [], [], {}
+    for ms, e in c.lb_events:
+        if e["event"] == "load-report":
+            emas[nm(e["broker"])] = e["weightedMaxEMA"]
+        elif e["event"] == "shedding" and e.get("unloads"):
+            sheds.append((ms / 1000, {b: emas[b] for b in emas if c.brokers[b + ":8080"].up}))
+        elif e["event"] == "unload" and str(e.get("reason", "")).startswith("shed"):
+            unloads.append((ms / 1000, nm(e["source"]), nm(e["destination"])))
+    reports = {c.brokers[b].name: rows for b, rows in c.load_series.items() if c.brokers[b].up}
+    # a fluid count of acknowledged sends: every topic's rate while it is connected, by second
+    sends: list[float] = []
+    rate = {}
+    for start, end, r in c.gaps:
+        rate[start] = r
+    total = sum(c.t_rate)
+    lost = [(a / 1000, b / 1000, r) for a, b, r in c.gaps]
+    for sec in range(int(sc.duration_s)):
+        missing = sum(r * max(0.0, min(b, sec + 1) - max(a, sec)) for a, b, r in lost)
+        sends += [sec + 0.5] * round(total - missing)
+    row = _join_cycle(ev.at_s, sheds, unloads, reports, sends, sc.duration_s)
+    return {"seed": seed, **row} if row else None
 
 
 # Our real cluster's runs of the same scenario (bench/lb_scale.py, judged with its "15 s band"; None: not
@@ -364,7 +540,7 @@ def tolerance(real: dict, sim: list[dict]) -> list[tuple[str, str, bool]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=("seed", "scale", "validate", "one", "calibrate", "leave"))
+    ap.add_argument("what", choices=("seed", "scale", "validate", "one", "calibrate", "leave", "join"))
     ap.add_argument("args", nargs="*")
     ap.add_argument("--fraction", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=1)
@@ -384,6 +560,20 @@ def main() -> int:
         except ValueError as e:
             print(f"leave: {e}", file=sys.stderr)
             return 254
+        return 0
+    if a.what == "join":
+        try:
+            real = join_real(a.args)
+        except ValueError as e:
+            print(f"join: {e}", file=sys.stderr)
+            return 254
+        sim = [r for r in (join_sim(s) for s in range(1, a.sim_seeds + 1)) if r]
+        print(json.dumps({"real": real, "simulated": sim}, indent=1))
+        for what, rows in (("real", real), ("simulated", sim)):
+            print(f"{what}: {len(rows)} cycles; three's spread median {_q([r['three_spread'] for r in rows], 0.5)}, "
+                  f"planned deviation median {_q([r['planned_dev'] for r in rows], 0.5)}, end deviation median "
+                  f"{_q([r['end_dev'] for r in rows], 0.5)}, end within 0.10: "
+                  f"{sum(r['end_dev'] <= 0.1 for r in rows)}", file=sys.stderr)
         return 0
     if a.what == "one":
         print(json.dumps(one(a.args[0], a.args[1], a.fraction, a.seed), default=str))

@@ -587,7 +587,7 @@ def test_a_broker_taking_topics_reports_their_clients_connecting():
     runs' leaves, bench/lb_sim.py `leave`). With connect_kb_* the simulated broker's next report carries
     them, once; without, nothing; nothing else changes (the same seed, the same run otherwise)."""
     sc = scenario.BUILTIN["small-6-3-6"]
-    quiet = dict(report_noise_kb=0, system_msg_overhead_bytes=0, stats_interval_ms=0)
+    quiet = dict(report_noise_kb=0, system_msg_overhead_bytes=0, stats_interval_ms=0, report_phase=0)
     off = run.simulate(dataclasses.replace(_quiet(sc, **quiet, connect_kb_in=0, connect_kb_out=0), duration_s=6),
                        "modular")
     on = run.simulate(dataclasses.replace(_quiet(sc, **quiet, connect_kb_in=2.0, connect_kb_out=2.0), duration_s=6),
@@ -602,6 +602,32 @@ def test_a_broker_taking_topics_reports_their_clients_connecting():
             extra += u_on - u_off
     # each report is one second: its usage is KB/s over the link, so the excess sums to KB / link
     assert extra == pytest.approx(len(on.t_name) * 2.0 / link_kb, rel=1e-6)
+
+
+@pytest.mark.parametrize("lm", ["modular", "extensible"])
+def test_each_broker_reports_at_its_own_phase_when_asked(lm):
+    """Our brokers' one-second reports keep each broker's own phase, the six spread over the second (their
+    reporters start with the broker). report_phase 1: each simulated broker's reports come at its own
+    offset into every round, the same offset round after round, drawn from the seed; 0: every broker at
+    the round's instant. A leave's stops, about 1 s apart, then see some brokers' reports of the last
+    stop's moves and not others'."""
+    sc = dataclasses.replace(scenario.BUILTIN["tiny"], duration_s=31, events=())
+    def offsets(phase: float, seed: int = 1) -> dict[str, set[int]]:
+        p = dataclasses.replace(sc.sim_params(lm), report_phase=phase)
+        c = run.LOAD_MANAGERS[lm](sc, sc.lb_settings(), p, seed)
+        c.run()
+        out: dict[str, set[int]] = {}
+        for b, rows in c.load_series.items():
+            # every report but the one a broker makes as it registers
+            out[b] = {round(t * 1000) % c.report_ms for t, _ in rows[1:]}
+        return out
+    together = offsets(0)
+    assert all(o == {0} for o in together.values())
+    own = offsets(1)
+    assert all(len(o) == 1 for o in own.values())          # one phase per broker, kept
+    assert len({next(iter(o)) for o in own.values()}) == len(own) > 1   # and not the same phase
+    assert offsets(1) == own                                 # drawn from the seed
+    assert offsets(1, seed=2) != own
 
 
 def test_a_load_manager_gets_its_own_parameters_over_the_scenarios(tmp_path):
@@ -662,9 +688,77 @@ def test_the_leave_measures_recover_what_a_run_holds(tmp_path):
                                                     "bandwidthIn": kin / link_kb * 100, "bandwidthOut": kout / link_kb * 100,
                                                     "numTopics": topics}, time_ns=t * s))
     got = lb_sim._connect_bytes(ops, 60 * s, 60 * s + s // 2, ["broker-2"], link_kb)
-    assert got == {"in": pytest.approx(0.5), "out": pytest.approx(0.25), "brokers": 1}
+    assert {k: got[k] for k in ("in", "out", "brokers")} == {"in": pytest.approx(0.5), "out": pytest.approx(0.25),
+                                                             "brokers": 1}
+    # out beyond in (out at twice the in here: two subscriptions' worth): the clients' 0.25 KB out less twice
+    # their 0.5 KB in
+    assert got["out_beyond_in"] == pytest.approx(0.25 - 2 * 0.5)
     # a leaving broker is not one that took topics
     assert lb_sim._connect_bytes(ops, 60 * s, 60 * s + s // 2, ["broker-1"], link_kb) is None
+
+
+def _reports(kb: dict[int, tuple[float, float, int]], link_kb: float) -> list:
+    from core.history import Op
+    return [Op(-2, "ok", "lb-event", value={"event": "load-report", "broker": "b1", "logged_by": "broker-1",
+                                            "bandwidthIn": kin / link_kb * 100, "bandwidthOut": kout / link_kb * 100,
+                                            "numTopics": n}, time_ns=t * 1_000_000_000)
+            for t, (kin, kout, n) in sorted(kb.items())]
+
+
+def test_the_redelivered_bytes_are_measured_through_the_sends_dip():
+    """With 4 KB payloads our brokers' usage after a leave is two things at once: the sends dip (the send
+    threads wait for the moved topics: in and out fall alike, to 0.3-0.7 for 2-4 s) and the broker that took
+    topics sends their consumers' unacknowledged messages again (out alone jumps). Measured against the
+    per-topic rate before, the dip hides the burst (the payload runs gave -6 to -12 KB a topic); out beyond
+    in, which the dip lowers alike, recovers it. Made up: 10 topics at 5 KB/s each way, 20 more at 61 s
+    whose consumers are sent 10 KB each again over 61-62 s, while every rate is halved from 61 to 63 s."""
+    from bench import lb_sim
+    link_kb, s = 400.0, 1_000_000_000
+    kb = {}
+    for t in range(20, 70):
+        n = 10 if t < 61 else 30
+        dip = 0.5 if 61 <= t < 63 else 1.0
+        kin = kout = n * 5.0 * dip
+        if t in (61, 62):
+            kout += 20 * 10.0 / 2
+        kb[t] = (kin, kout, n)
+    got = lb_sim._connect_bytes(_reports(kb, link_kb), 60 * s, 60 * s + s // 2, ["broker-2"], link_kb)
+    assert got["out_beyond_in"] == pytest.approx(10.0)
+    # the measure against the rate before sees a quarter of it: the dip takes 7.5 KB a topic off the 10
+    assert got["out"] == pytest.approx(2.5)
+    # without a burst, the dip alone is not one
+    for t in (61, 62):
+        kb[t] = (kb[t][0], kb[t][0], kb[t][2])
+    got = lb_sim._connect_bytes(_reports(kb, link_kb), 60 * s, 60 * s + s // 2, ["broker-2"], link_kb)
+    assert got["out_beyond_in"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_an_idle_brokers_cpu_is_read_from_its_reports_without_topics():
+    """base_cpu_percent of the validation scenarios: the CPU of reports of brokers with no topic and no bundle,
+    after their first three (a starting broker's first reports carry its start-up: 4 % in ours, then 0.4).
+    The assumed 5 % made a joined broker look 0.05 loaded, ten times ours; TransferShedder moves half the
+    difference between the most and the least loaded, so the joined brokers got less."""
+    from bench import lb_sim
+    from core.history import Op
+    rows = [("a", 4.0, 0, 0), ("a", 1.0, 0, 0), ("a", 0.6, 0, 0), ("a", 0.4, 0, 0), ("a", 0.6, 0, 0),
+            ("a", 12.0, 16, 5), ("b", 9.0, 0, 0), ("b", 9.0, 0, 0), ("b", 9.0, 0, 0), ("b", 2.0, 3, 1),
+            ("b", 0.5, 0, 1)]
+    hist = [Op(-2, "ok", "lb-event", value={"event": "load-report", "broker": b, "cpu": cpu, "numTopics": n,
+                                            "numBundles": nb}, time_ns=i) for i, (b, cpu, n, nb) in enumerate(rows)]
+    assert lb_sim.idle_cpu(hist) == [0.4, 0.6]
+    assert lb_sim.idle_cpu(hist, skip=0) == [4.0, 1.0, 0.6, 0.4, 0.6, 9.0, 9.0, 9.0]
+
+
+def test_the_planned_deviation_pairs_as_the_shedder_does():
+    """The part of a join's outcome fixed before TransferShedder's one cycle: most loaded with least loaded,
+    the next with the next (three pairs at most), each pair meeting half way."""
+    from bench import lb_sim
+    assert lb_sim.planned_deviation([0.0, 0.0, 0.0, 0.4, 0.4, 0.4]) == pytest.approx(0.0)
+    # three at 0.5, 0.4, 0.2 and three idle: pairs at 0.25, 0.2, 0.1 around a mean of 0.183, the 0.1 pair
+    # furthest from it
+    assert lb_sim.planned_deviation([0.0, 0.0, 0.0, 0.5, 0.4, 0.2]) == pytest.approx(1.1 / 6 - 0.1)
+    # an odd broker out keeps its load
+    assert lb_sim.planned_deviation([0.0, 0.3, 0.6]) == pytest.approx(0.0)
 
 
 @pytest.mark.parametrize("lm", ["modular", "extensible"])

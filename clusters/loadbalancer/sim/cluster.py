@@ -100,6 +100,7 @@ class Cluster:
             self.brokers[f"{name}:8080"] = Broker(f"{name}:8080", name)
         self.order = list(self.brokers)
         self._live: list[str] | None = None
+        self.phase: dict[str, float] = {}                 # ms into each report round (params.report_phase)
         # namespaces and bundles
         self.ns_names = [f"sim/ns-{i}" for i in range(scenario.namespaces)]
         per = [scenario.bundles // scenario.namespaces + (1 if i < scenario.bundles % scenario.namespaces else 0)
@@ -430,7 +431,29 @@ class Cluster:
         if br.up and br.epoch == epoch:
             br.registered = True
             self._live = None
+            if self.p.report_phase > 0:
+                # its reporter's timer starts with the broker: its own offset into every report round
+                self.phase[broker] = self.rng.random() * min(1.0, self.p.report_phase) * self.report_ms
             self.broker_started(broker)
+
+    def each_report(self, brokers: list[str], report: Callable[[str], None]) -> None:
+        """`report` for each broker of this round: at once (params.report_phase 0: every reporter in
+        phase), or each at its own offset into the round (a broker gone or stopped by then is skipped)."""
+        if self.p.report_phase <= 0:
+            for b in brokers:
+                report(b)
+            return
+        for b in brokers:
+            self.sim.after(self.phase.get(b, 0.0), self._phased, b, self.brokers[b].epoch, report)
+
+    def _phased(self, broker: str, epoch: int, report: Callable[[str], None]) -> None:
+        br = self.brokers[broker]
+        if br.up and br.registered and br.epoch == epoch and self.reporting(broker):
+            report(broker)
+
+    def reporting(self, broker: str) -> bool:
+        """Whether the broker's reporter still runs (a subclass: not once its stop began)."""
+        return True
 
     def stop_broker(self, broker: str, then_restart: bool = False, then: Callable[[], None] | None = None) -> None:
         """A graceful stop: the load manager's part at once, the broker gone graceful_unload_ms later;

@@ -282,8 +282,7 @@ class ExtensibleCluster(Cluster):
         # a stopping broker's timers (reporter, split scheduler, the leader's tasks) are cancelled first
         # (extensible_manager.py stop): its last published load data stays as it was
         live = [b for b in self.live() if b not in self.draining]
-        for b in live:
-            self._report(b)
+        self.each_report(live, self._report)
         now = self.sim.now_ms
         s = self.settings
         if now - self.last_split >= s.loadBalancerSplitIntervalMinutes * 60_000:
@@ -299,6 +298,9 @@ class ExtensibleCluster(Cluster):
         if now - self.last_monitor >= s.loadBalancerServiceUnitStateMonitorIntervalInSeconds * 1000:
             self.last_monitor = now
             self._monitor(registered)
+
+    def reporting(self, broker: str) -> bool:
+        return broker not in self.draining
 
     # -- the leader: shedding and the monitor -------------------------------------------------------
     def _shed(self, live: list[str]) -> None:

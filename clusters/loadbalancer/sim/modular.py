@@ -171,10 +171,7 @@ class ModularCluster(Cluster):
             self.event("brokers-gone", brokers=found.gone, leader=self.leader)
 
     def report_round(self) -> None:
-        for b in self.order:
-            br = self.brokers[b]
-            if br.up and br.registered:
-                self._report(b)
+        self.each_report([b for b in self.order if self.brokers[b].up and self.brokers[b].registered], self._report)
         if self.leader is None or self.lead is None:
             return
         now = self.sim.now_ms

@@ -35,7 +35,10 @@ SOURCES: dict[str, str] = {
     "cpu_per_msg_us": "assumed: 20 us of CPU per message in + out on a broker",
     "cpu_cores": "assumed: 8 cores per broker",
     "nic_mbytes": "assumed: 125 MB/s per broker (1 Gbit/s) each way",
-    "base_cpu_percent": "assumed: an idle broker's CPU, 5 % of one core per core",
+    "base_cpu_percent": "assumed: an idle broker's CPU, 5 % of one core per core (an idle broker's whole usage: "
+                        "memory is not in the extensible load manager's max). The validation scenarios' is measured "
+                        "on our real runs' reports of brokers without topics (`python -m bench.lb_sim calibrate`): "
+                        "0.3 to 0.6 %",
     "report_noise": "0 by default (high rates average out): each report's bandwidth and message CPU times "
                     "max(0, 1 + N(0, report_noise)), a relative noise the same at every rate. The validation "
                     "scenario used 0.35 until our real reports showed their noise is a count's (report_noise_kb)",
@@ -55,11 +58,18 @@ SOURCES: dict[str, str] = {
                      "(lookups, producer and consumer commands), counted in that broker's next report: a broker that "
                      "takes many topics at once reports a burst. The validation scenario's is measured on our real "
                      "runs' leaves (`python -m bench.lb_sim leave`, bench/README.md)",
-    "connect_kb_out": "0 by default. The same, from the broker to the clients (answers, redelivered messages)",
+    "connect_kb_out": "0 by default. The same, from the broker to the clients (answers, and the consumer's "
+                      "unacknowledged messages sent again: with 4 KB payloads 10 KB a topic, measured as the taking "
+                      "broker's out beyond its in, `python -m bench.lb_sim leave`)",
     "stats_interval_ms": "0 by default: a bundle's rates are exact at every moment. Above 0, they are recomputed "
                          "every stats_interval_ms as our brokers' Rates do (clusters/broker/service.py "
                          "RATE_INTERVAL_S = 5 s): a topic shows nothing until the first recomputation after it "
                          "connected, then the part of that interval it was connected for",
+    "report_phase": "0 by default: every broker reports at the same instant of each report round. Above 0, each "
+                    "broker's reports come at its own offset into the round, drawn when it registers, uniform over "
+                    "this fraction of the interval: our brokers' reporters start with the broker, and their "
+                    "one-second reports keep each broker's own phase, spread over the second (bench/README.md "
+                    "'Validation against our real cluster'); the validation scenarios use 1",
     "balance_smooth_s": "0: each broker's last report; the validation scenario uses 15 s, the '15 s band' of "
                         "bench/README.md (each broker's reports averaged over 15 s)",
     "balance_band": "the balance checker's band used in bench/README.md: every broker within 0.10 of the mean",
@@ -95,6 +105,7 @@ class SimParams:
     system_msg_overhead_bytes: float = 0.0
     connect_kb_in: float = 0.0
     connect_kb_out: float = 0.0
+    report_phase: float = 0.0
     balance_band: float = 0.10
     balance_hold_s: float = 15.0
     balance_smooth_s: float = 0.0

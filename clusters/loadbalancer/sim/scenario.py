@@ -379,13 +379,18 @@ _add(Scenario(
     # the mean of five runs': it transfers its bundles first), a topic's load once its client is answered
     # (89 ms, the median from a bundle's lock to its topics loaded; loads overlap: the default concurrency),
     # the bytes a topic's clients cost the broker that takes it (0.483 KB in, 0.303 out: nine brokers of
-    # four runs). Settling judged on 15-s averages as theirs; the brokers' rates recomputed every 5 s
+    # four runs). An idle broker's CPU (0.306 %, the mean of 1,132 reports of brokers without topics or bundles
+    # in those runs: `calibrate`; the assumed 5 % made a joined broker look 0.05 loaded, ten times ours, and
+    # TransferShedder moves half the difference). Each broker reports at its own phase of the second (our
+    # brokers' reporters start with the broker: each keeps its phase, the six spread over the second; a
+    # leave's stops, about 1 s apart, then see the bursts of the last stop's moves in some brokers' reports
+    # and not in others'). Settling judged on 15-s averages as theirs; the brokers' rates recomputed every 5 s
     # (clusters/broker/service.py RATE_INTERVAL_S). The leaving brokers are drawn at random and stopped one
     # after another, as the scale nemesis does.
     msg_rate=117.2, msg_size=92,
     params={"nic_mbytes": 0.00896, "report_noise_kb": 0.096, "base_kb_s": 0.245, "system_msg_overhead_bytes": 37,
             "graceful_unload_ms": 355, "topic_load_ms": 89, "connect_kb_in": 0.483, "connect_kb_out": 0.303,
-            "balance_smooth_s": 15, "stats_interval_ms": 5000},
+            "balance_smooth_s": 15, "stats_interval_ms": 5000, "base_cpu_percent": 0.306, "report_phase": 1},
     load_manager_params={"extensible": {"graceful_unload_ms": 930}},
     events=(Event(at_s=60, kind="leave", count=3, random=True, sequential=True),
             Event(at_s=180, kind="join", count=3)),
@@ -399,13 +404,15 @@ _add(dataclasses.replace(
                 "--payload 4096 --lb-setting loadBalancerOverrideBrokerNicSpeedGbps=0.003)",
     # measured on those five real runs (/work/lbscale-ext-payload, bench/README.md) before the leave (`python -m
     # bench.lb_sim calibrate`): sends, wire bytes a message, counting noise, a system message's overhead; the
-    # bytes without topics came out at -1.6 KB/s, not measurable against ~80 KB/s a broker: 0. On their leaves
-    # (`leave`): an extensible stop 0.958 s. The link is 0.003 Gbps (0.384 MB/s). The connecting clients'
-    # bytes are small-6-3-6's (their commands do not grow with the payload; measured here they drown in the
-    # workload's own dip after a leave). The rest as small-6-3-6.
+    # bytes without topics came out at -1.6 KB/s, not measurable against ~80 KB/s a broker: 0; an idle broker's
+    # CPU 0.601 % (248 reports). On their leaves (`leave`): an extensible stop 0.958 s; a moved topic's consumer
+    # is sent its unacknowledged messages again by the broker that takes it: 10.106 KB out beyond in per topic
+    # (ten brokers of five runs, 5.1 to 15.0; about 2.3 messages of 4454 B), so connect_kb_out is that plus
+    # the commands' in (0.483, small-6-3-6's: commands do not grow with the payload, and the in side drowns
+    # here in the workload's own dip after a leave). The link is 0.003 Gbps (0.384 MB/s). The rest as small-6-3-6.
     msg_rate=114.7, msg_size=4454,
     params={**BUILTIN["small-6-3-6"].params, "nic_mbytes": 0.384, "report_noise_kb": 5.524, "base_kb_s": 0.0,
-            "system_msg_overhead_bytes": 311},
+            "system_msg_overhead_bytes": 311, "base_cpu_percent": 0.601, "connect_kb_out": 10.589},
     load_manager_params={"extensible": {"graceful_unload_ms": 958}},
     seed={"extensible": "our real cluster, bench/README.md 'Validation against our real cluster'",
           "ours": "settling time after each scale event (15 s band), unloads"}))
