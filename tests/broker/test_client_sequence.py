@@ -8,8 +8,8 @@ write makes the broker forget what was pushed but not persisted (Pulsar's
 resetHighestSequenceIdPushed), so the reconnect answers -1 and the client numbers its next message 0
 again, the number of the message still pending. The pending one is stored; the next one is answered as
 a duplicate, (-1, -1), and never stored. The workloads give their producers an initial sequence id
-(workloads/pulsar_client.py), which turns that reset off; the `client_sequence_reset` option of the
-queue workload leaves the client's default on."""
+(workloads/pulsar_client.py), which turns that reset off; the queue workload's `pin_sequence_ids=false`
+leaves the client's default on."""
 from __future__ import annotations
 
 import asyncio
