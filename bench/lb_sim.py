@@ -475,9 +475,6 @@ def join_sim(seed: int, name: str = "small-6-3-6-payload") -> dict | None:
     reports = {c.brokers[b].name: rows for b, rows in c.load_series.items() if c.brokers[b].up}
     # a fluid count of acknowledged sends: every topic's rate while it is connected, by second
     sends: list[float] = []
-    rate = {}
-    for start, end, r in c.gaps:
-        rate[start] = r
     total = sum(c.t_rate)
     lost = [(a / 1000, b / 1000, r) for a, b, r in c.gaps]
     for sec in range(int(sc.duration_s)):
@@ -545,7 +542,8 @@ def main() -> int:
     ap.add_argument("--fraction", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--sim-seeds", type=int, default=20, help="validate: seeds whose distribution is compared")
+    ap.add_argument("--sim-seeds", type=int, default=20,
+                    help="validate: seeds whose distribution is compared; join: the simulated seeds")
     a = ap.parse_args()
     if a.what == "calibrate":
         try:
@@ -570,6 +568,9 @@ def main() -> int:
         sim = [r for r in (join_sim(s) for s in range(1, a.sim_seeds + 1)) if r]
         print(json.dumps({"real": real, "simulated": sim}, indent=1))
         for what, rows in (("real", real), ("simulated", sim)):
+            if not rows:                 # no simulated seed shed after the join (or --sim-seeds 0)
+                print(f"{what}: no cycle", file=sys.stderr)
+                continue
             print(f"{what}: {len(rows)} cycles; three's spread median {_q([r['three_spread'] for r in rows], 0.5)}, "
                   f"planned deviation median {_q([r['planned_dev'] for r in rows], 0.5)}, end deviation median "
                   f"{_q([r['end_dev'] for r in rows], 0.5)}, end within 0.10: "

@@ -222,8 +222,9 @@ def scenario(spec: Mapping[str, Any], drop_options: Iterable[str] = ()) -> tuple
 
 def unsafe_option_keys(options: Mapping[str, Any] | None, unsafe: Iterable[Any],
                        option_defaults: Mapping[str, Any]) -> set[str]:
-    """The option names of each of a workload's unsafe settings (`core.expectation.Unsafe`) that applies:
-    what `scenario` drops so that the run with the setting and the run without it share one scenario."""
+    """The option names of each of a workload's unsafe settings (`core.expectation.Unsafe`) that applies
+    (its `when`; the `given` options it needs stay): what `scenario` drops so that the run with the setting
+    and the run without it share one scenario."""
     out: set[str] = set()
     for u in unsafe:
         if u.applies(options or {}, option_defaults):

@@ -8,9 +8,10 @@ nothing is dequeued that was never enqueued, and how often each value was delive
 analysis). With the `dedup` option the topics run with broker deduplication, and a value stored twice
 (two message ids) is then an anomaly of its own; its producers have an explicit initial sequence id
 (`pin_sequence_ids`, workloads/pulsar_client.py: the official C++ client otherwise reuses ids after a
-reconnect before its first receipt, and the broker drops the later message as a duplicate). With `subscribe_ahead_s` the subscription is created
-through the admin API at the latest position before anything is sent (apache/pulsar#18236's first
-step), and the consumers come that many seconds later: every value sent is still owed to it.
+reconnect before its first receipt, and the broker drops the later message as a duplicate). With
+`subscribe_ahead_s` the subscription is created through the admin API at the latest position before
+anything is sent (apache/pulsar#18236's first step), and the consumers come that many seconds later:
+every value sent is still owed to it.
 """
 from __future__ import annotations
 

@@ -8,16 +8,18 @@ write makes the broker forget what was pushed but not persisted (Pulsar's
 resetHighestSequenceIdPushed), so the reconnect answers -1 and the client numbers its next message 0
 again, the number of the message still pending. The pending one is stored; the next one is answered as
 a duplicate, (-1, -1), and never stored. The workloads give their producers an initial sequence id
-(workloads/pulsar_client.py), which turns that reset off; the `client_sequence_reset` option of the
-queue workload leaves the client's default on."""
+(workloads/pulsar_client.py), which turns that reset off; the queue workload's `pin_sequence_ids=false`
+leaves the client's default on."""
 from __future__ import annotations
 
 import asyncio
+import io
 
 import pulsar
+import pytest
 
 from clusters.broker.dedup import MemorySnapshots, MessageDeduplication
-from workloads.pulsar_client import INITIAL_SEQUENCE_ID
+from workloads.pulsar_client import INITIAL_SEQUENCE_ID, Session
 
 
 def _dedup_topic(broker, client, topic: str) -> None:
@@ -39,9 +41,10 @@ def _stored(client, topic: str) -> list[bytes]:
     return got
 
 
-def _first_write_fails_then_send_again(broker, client, topic: str, **producer_kw):
+def _first_write_fails_then_send_again(broker, client, topic: str, make_producer=None, **producer_kw):
+    """`make_producer()` (default: the client's, unbatched, with `producer_kw`) on a deduplicated topic."""
     _dedup_topic(broker, client, topic)
-    producer = client.create_producer(topic, batching_enabled=False, **producer_kw)
+    producer = (make_producer or (lambda: client.create_producer(topic, batching_enabled=False, **producer_kw)))()
     broker.run(lambda: setattr(broker.service.mls[topic], "fail_adds", 1))
     first = producer.send(b"first")     # SEND_ERROR -> reconnect -> resent -> stored
     second = producer.send(b"second")   # numbered after the reconnect
@@ -62,3 +65,21 @@ def test_an_initial_sequence_id_keeps_the_client_numbering_and_both_are_stored(c
         broker, client, topic, initial_sequence_id=INITIAL_SEQUENCE_ID)
     assert first.ledger_id() >= 0 and second.ledger_id() >= 0
     assert stored == [b"first", b"second"]
+
+
+@pytest.mark.parametrize("pin", [True, False])
+def test_the_workloads_session_pins_its_producers_unless_told_not_to(client, topic, broker, pin):
+    """The producers the workloads send through (workloads/pulsar_client.Session, whose `pin_sequence_ids`
+    the queue workload's option of that name sets): both messages stored when pinned (the default); the
+    second lost, as with the client's default, when not."""
+    session = Session(broker.url, "seq", out=io.StringIO(), pin_sequence_ids=pin)
+    try:
+        first, second, stored = _first_write_fails_then_send_again(
+            broker, client, topic, lambda: session.producer(topic, batched=False))
+    finally:
+        session.close()
+    assert first.ledger_id() >= 0
+    if pin:
+        assert second.ledger_id() >= 0 and stored == [b"first", b"second"]
+    else:
+        assert (second.ledger_id(), second.entry_id()) == (-1, -1) and stored == [b"first"]
