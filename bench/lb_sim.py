@@ -407,6 +407,8 @@ def _join_cycle(join_s: float, sheds: list[tuple[float, dict[str, float]]], unlo
             pairs[(src, dst)] = pairs.get((src, dst), 0) + 1
     ends = [statistics.mean(u for t, u in rows if end_s - 15 <= t <= end_s) for rows in reports.values()
             if any(end_s - 15 <= t <= end_s for t, _ in rows)]
+    if not ends:
+        return None             # no broker reported in the last 15 s: nothing to judge the end by
     m = statistics.mean(ends)
     three = sorted(emas.values())[-3:]
     base = sum(1 for t in sends if t0 - 16 <= t < t0 - 1) / 15

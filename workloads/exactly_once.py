@@ -108,7 +108,12 @@ OPTIONS: dict[str, tuple[Any, str]] = {
 }
 # deliberately unsafe: the run must be invalid (core/expectation.py)
 UNSAFE = (Unsafe({"seek": False}, "resuming from the subscription instead of seeking to the checkpoint "
-                                  "skips acknowledged inputs after every mid-interval kill: `missed`"),)
+                                  "skips acknowledged inputs after every mid-interval kill: `missed`"),
+          Unsafe({"pin_sequence_ids": False},
+                 "with dedup on the outputs, the official C++ client numbers an output like the one it resends "
+                 "after a reconnect made before its first receipt; the broker acknowledges it as a duplicate "
+                 "and never stores it: `lost-output`",
+                 given={"dedup_output": True}),)
 SUBSCRIPTION = "exactly-once"
 CONTROLLER_PROCESS = 700_000      # + pipeline
 PROCESSOR_PROCESS = 800_000       # + 1000 * pipeline + incarnation

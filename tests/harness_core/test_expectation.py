@@ -23,6 +23,7 @@ def exp(**kw):
     (dict(bugs={"bookie.ignore_fence": True}), "bookie.ignore_fence=true"),
     (dict(workload="register", options={"cas": "unsafe"}), "register:cas=unsafe"),
     (dict(workload="exactly-once", options={"seek": False}), "exactly-once:seek=false"),
+    (dict(workload="exactly-once", options={"pin_sequence_ids": False}), "exactly-once:pin_sequence_ids=false"),
     (dict(workload="queue", options={"exactly_once": True, "nack_every": 5}), "queue:exactly_once+nack_every"),
     (dict(workload="queue", options={"dedup": True, "pin_sequence_ids": False}), "queue:pin_sequence_ids=false"),
 ])
@@ -39,6 +40,7 @@ def test_unsafe_things_make_a_run_expected_invalid(kw, label):
     dict(workload="queue", options={"nack_every": 5}),               # nacks, but no claim
     dict(workload="queue", options={"pin_sequence_ids": False}),     # the client's reset, but no dedup
     dict(workload="queue", options={"dedup": True}),                 # pinned by default
+    dict(workload="exactly-once", options={"pin_sequence_ids": False, "dedup_output": False}),
 ])
 def test_safe_configurations_are_expected_valid(kw):
     assert exp(**kw).expected == VALID and exp(**kw).labels == []

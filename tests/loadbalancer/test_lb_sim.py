@@ -801,3 +801,12 @@ def test_a_sequential_leave_stops_each_broker_once_the_last_is_gone(lm):
             for (t1, _, b), (t2, _, _) in zip(leave[::2], leave[1::2]):
                 assert not [t for t, e in c.lb_events if e["event"] == "load-report" and e["broker"] == b
                             and t1 < t < t2]
+
+
+def test_simulator_parameters_are_checked_by_name_type_sign_and_range():
+    from clusters.loadbalancer.sim.params import SimParams
+    assert SimParams.from_mapping({"report_phase": 1, "publish_ms": 2}).report_phase == 1.0
+    for values, needle in (({"report_phase": 1.5}, "fraction from 0 to 1"), ({"publish_ms": -1}, "negative"),
+                           ({"publish_ms": "x"}, "expects a number"), ({"publsh_ms": 1}, "did you mean 'publish_ms'")):
+        with pytest.raises(ValueError, match=needle):
+            SimParams.from_mapping(values)

@@ -77,6 +77,9 @@ SOURCES: dict[str, str] = {
 }
 
 
+FRACTIONS = frozenset({"report_phase"})      # parameters from 0 to 1
+
+
 @dataclass(frozen=True)
 class SimParams:
     lookup_ms: float = 1.0
@@ -126,6 +129,8 @@ class SimParams:
                 raise ValueError(f"simulator parameter {name!r} expects a number, got {raw!r}") from None
             if kw[name] < 0:
                 raise ValueError(f"simulator parameter {name!r} cannot be negative, got {raw!r}")
+            if name in FRACTIONS and kw[name] > 1:
+                raise ValueError(f"simulator parameter {name!r} is a fraction from 0 to 1, got {raw!r}")
         return cls(**kw)
 
     def as_dict(self) -> dict[str, Any]:
