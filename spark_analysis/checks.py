@@ -31,6 +31,7 @@ run are the same plan. The definitions, as in the Python checkers (their docstri
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,11 +194,13 @@ def prepare(spark: SparkSession, history: DataFrame, deliveries: DataFrame, runs
          .select("run_id", "index", "f", "key", "log_role", "queue_role", "position", "value",
                  position(F.col("message_id")).alias("pk"), F.lit("ok").alias("type")))
     msgs = d.unionByName(info_msgs)
+    # only the messages of an op without a key take their topic from its invoke: only those are joined
+    # with the op table (joining all of them shuffled and sorted every delivery for a few nemesis ops)
     no_key = ops.where((F.col("key") == _empty()) & (F.col("type") != "invoke")).select("run_id", "index", "inv_key")
-    msgs = (msgs.join(no_key, ["run_id", "index"], "left")
-            .withColumn("log_topic", F.when(F.col("key") != _empty(), F.col("key"))
-                        .otherwise(F.coalesce(F.col("inv_key"), _empty())))
-            .drop("inv_key")
+    keyed = msgs.where(F.col("key") != _empty()).withColumn("log_topic", F.col("key"))
+    unkeyed = (msgs.where(F.col("key") == _empty()).join(no_key, ["run_id", "index"], "left")
+               .withColumn("log_topic", F.coalesce(F.col("inv_key"), _empty())).drop("inv_key"))
+    msgs = (keyed.unionByName(unkeyed)
             .where(F.col("value").isNotNull())
             .persist())
     stats = ops.groupBy("run_id").agg(F.count(F.lit(1)).alias("ops"),
@@ -257,14 +260,22 @@ def log_anomalies(t: Tables) -> DataFrame:
     # seen at; the rows, lowest and highest op index of the final reads that hold it
     keys = ["run_id", "topic", "v"]
     nul = F.lit(None)
+    # (whether a value was seen at two positions is whether some field of its positions has a lowest
+    # and a highest value that differ: aggregated field by field, as longs, the aggregate is a hash
+    # aggregate; the minimum and maximum of the position struct made it sort 8 million rows twice)
+    fields = [n.name for n in POS.fields]
     per_value = (attempts.select(*keys, F.lit(1).alias("att_n"), (F.col("comp_type") == "ok").alias("ok"),
-                                 nul.cast(POS).alias("pk"), nul.cast("long").alias("ri"))
-                 .unionByName(seen.select(*keys, F.lit(0).alias("att_n"), nul.cast("boolean").alias("ok"), "pk",
+                                 *[nul.cast("long").alias(n) for n in fields], nul.cast("long").alias("ri"))
+                 .unionByName(seen.select(*keys, F.lit(0).alias("att_n"), nul.cast("boolean").alias("ok"),
+                                          *[F.col("pk")[n].alias(n) for n in fields],
                                           F.when(F.col("log_role") == "read", F.col("index")).alias("ri")))
                  .groupBy(*keys)
                  .agg(F.sum("att_n").alias("n"), F.max("ok").alias("any_ok"),
-                      F.min("pk").alias("lo"), F.max("pk").alias("hi"),
+                      *[a for n in fields for a in (F.min(n).alias(f"lo_{n}"), F.max(n).alias(f"hi_{n}"))],
                       F.count("ri").alias("r_rows"), F.min("ri").alias("r_lo"), F.max("ri").alias("r_hi"))
+                 .withColumn("placed_twice", functools.reduce(
+                     lambda a, b: a | b, [F.col(f"lo_{n}") != F.col(f"hi_{n}") for n in fields]))
+                 .drop(*[f"{e}_{n}" for n in fields for e in ("lo", "hi")])
                  .persist())          # five checks read it: computed once
     t.cached.append(per_value)
     # the kept attempt is acknowledged iff some attempt completed ok before the value's next attempt;
@@ -301,7 +312,7 @@ def log_anomalies(t: Tables) -> DataFrame:
     # duplicate: one value at two positions among receives and reads (the few such values found by
     # the per-value aggregate; only their messages are grouped again to list the positions)
     placed = seen.where(F.col("pk").isNotNull()).select("run_id", "topic", "v", "pk")
-    twice = per_value.where(F.col("lo") != F.col("hi")).select(*keys)
+    twice = per_value.where(F.col("placed_twice")).select(*keys)
     duplicate = (placed.join(F.broadcast(twice), keys).groupBy(*keys)
                  .agg(F.array_sort(F.collect_set("pk")).alias("pks")))
     duplicate = _rows(duplicate, "log", "duplicate", topic=F.col("topic"), value=F.col("v"),

@@ -35,8 +35,16 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 # the driver JVM's collector: the parallel one. A batch job wants throughput, and G1's concurrent
 # threads and write barriers cost CPU that two shared cores do not have (a 1,000,000-op history: 122 s
-# of the whole process tree's CPU with G1, 105 s with the parallel collector; bench/README.md)
-JVM_OPTIONS = "-XX:+UseParallelGC"
+# of the whole process tree's CPU with G1, 105 s with the parallel collector; bench/README.md).
+# The optimising compiler (C2) only for methods four times as hot as the JVM's default thresholds: an
+# analyze is a short job whose C2 threads compiled code that ran a few thousand times (Spark's planner,
+# Janino, the code generated for each of its hundred-odd stages) for as much CPU as its tasks used on a
+# 1,000,000-op history; the per-row loops of the big stages still pass these thresholds within a second
+# (C1 compiles everything as before). The compilers' CPU on a 10,000,000-op history fell from 59 s to
+# 38 s (bench/README.md); stopping at C1 altogether saved more but slowed the tasks by a third
+JIT_OPTIONS = ("-XX:Tier4InvocationThreshold=20000 -XX:Tier4MinInvocationThreshold=2400 "
+               "-XX:Tier4CompileThreshold=60000 -XX:Tier4BackEdgeThreshold=160000")
+JVM_OPTIONS = f"-XX:+UseParallelGC {JIT_OPTIONS}"
 
 # how many sessions start() built in this process (tests assert an analyze call builds one)
 SESSIONS_STARTED = 0
@@ -250,6 +258,11 @@ def config(settings: Settings, input_bytes: int = 0) -> dict[str, Any]:
         "spark.ui.showConsoleProgress": "false",
         # keep the run tables (small) broadcast even when AQE's estimate is rough
         "spark.sql.autoBroadcastJoinThreshold": str(32 << 20),
+        # the persisted op table and messages (checks.prepare) cached as plain columns, not compressed:
+        # they are read a few times within the job, and compressing 10,000,000 rows of 22 columns cost
+        # more task CPU than it saved (the op table's phase: 43 s of task CPU at 10M ops, 29 s without);
+        # what does not fit the heap goes to disk as before (MEMORY_AND_DISK)
+        "spark.sql.inMemoryColumnarStorage.compressed": "false",
     }
     if not under_spark_submit():
         # the driver JVM starts here: its heap (in local mode, the executors' too: the whole budget)

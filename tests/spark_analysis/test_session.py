@@ -58,6 +58,7 @@ def test_the_driver_binds_to_the_loopback_for_a_loopback_master_only():
 def test_the_driver_jvm_gets_the_parallel_collector_and_the_quiet_log_config():
     opts = session.config(session.Settings())["spark.driver.extraJavaOptions"].split()
     assert "-XX:+UseParallelGC" in opts
+    assert all(o in opts for o in session.JIT_OPTIONS.split())
     assert any(o.startswith("-Dlog4j2.configurationFile=file:") for o in opts)
     # a --conf of the user's replaces them
     mine = session.config(session.Settings(extra={"spark.driver.extraJavaOptions": "-XX:+UseG1GC"}))
