@@ -347,6 +347,7 @@ class Topic:
         dedup = self.dedup
         notify = False
         fenced = None
+        close_producers = False
         while adds and adds[0].done:
             op = adds.popleft()
             p = op.producer
@@ -370,7 +371,9 @@ class Topic:
                 fenced = op.error
             else:
                 if op.written:
-                    self._publish_fenced = True        # lifted once the queue has drained
+                    # lifted once the queue has drained; the producers are disconnected first
+                    close_producers = close_producers or not self._publish_fenced
+                    self._publish_fenced = True
                 if not p.closed:
                     err = op.error
                     if isinstance(err, BrokerServiceError):
@@ -380,6 +383,14 @@ class Topic:
                                     p.name, err)
                         code, text = pb.PersistenceError, f"Failed to persist message: {err}"
                     p.cnx.send_send_error(p.producer_id, op.sequence_id, code, text)
+        if close_producers:
+            # as Pulsar's addFailed: a failed write disconnects every producer before the topic is
+            # un-fenced, so a send pipelined behind the failed one is not written ahead of its resend
+            # (with deduplication that resend would then be taken for a duplicate and dropped); the
+            # clients reconnect and resend what they have pending, in order
+            for p in list(self.producers.values()):
+                self.remove_producer(p)
+                p.cnx.broker_close_producer(p)
         if notify:
             for sub in self.subscriptions.values():
                 sub._wake.set()

@@ -136,6 +136,8 @@ def _resend_after_a_failed_write(bugs: dict | None) -> tuple[Cnx, MemoryManagedL
         ml.fail_adds = 1
         send(t, p, 1)
         await settle(t)
+        assert cnx.out[-1] == ("closed", 1)          # the failed write disconnected the producer
+        p = await t.add_producer(cnx, 2, "prod")     # the client reconnects and resends
         send(t, p, 1)
         await settle(t)
         return cnx, ml
@@ -161,7 +163,7 @@ def test_failed_write_is_not_mistaken_for_a_duplicate():
     so the client's resend of the failed message is written, not acknowledged as a duplicate."""
     cnx, ml = _resend_after_a_failed_write(None)
     assert cnx.out[1][:2] == ("error", 1) and cnx.out[1][2] == pb.PersistenceError
-    assert cnx.out[2][0] == "receipt" and cnx.out[2][2].ledger_id >= 0
+    assert cnx.out[3][0] == "receipt" and cnx.out[3][2].ledger_id >= 0
     assert entries(ml) == [0, 1]
 
 
@@ -180,9 +182,10 @@ def test_bug_knob_dedup_pushed_only_loses_a_resend_and_the_log_checker_says_so(k
         assert r.valid is True and not r.anomalies
 
 
-def test_failed_write_fences_publishing_until_the_adds_in_flight_complete():
-    """Pulsar fences a topic after a failed write until its pending adds are done, so a message sent
-    meanwhile cannot be persisted ahead of the resend of the failed one."""
+def test_failed_write_disconnects_the_producers_and_fences_publishing_until_the_adds_in_flight_complete():
+    """Pulsar's addFailed: after a failed write the topic disconnects every producer and refuses
+    publishing until its pending adds are done, so a send pipelined behind the failed one is never
+    persisted ahead of its resend (with deduplication the resend would then be dropped as a duplicate)."""
     async def go():
         t, ml = await open_topic(MemoryStorage(), {}, enabled=False)
         cnx = Cnx()
@@ -192,13 +195,19 @@ def test_failed_write_fences_publishing_until_the_adds_in_flight_complete():
         send(t, p, 0)                      # fails at once
         send(t, p, 1)                      # in flight when the failure is answered
         await asyncio.sleep(0.01)
-        send(t, p, 2)                      # arrives while the topic is fenced for publishing
+        send(t, p, 2)                      # pipelined behind them: the producer is closed, not written
+        other = await t.add_producer(cnx, 2, "other")
+        send(t, other, 7)                  # arrives while the topic is fenced for publishing
         await settle(t)
-        assert [o[:2] for o in cnx.out] == [("error", 0), ("receipt", 1), ("error", 2)]
+        assert [o[:2] for o in cnx.out] == [("error", 0), ("closed", 1), ("error", 7)]
         assert "temporarily unavailable" in cnx.out[2][3]
-        send(t, p, 3)                      # drained: publishing again
+        assert entries(ml) == [1]          # the add already in flight completed; 2 was never written
+        q = await t.add_producer(cnx, 3, "prod")   # the client reconnects and resends, in order
+        for seq in (0, 1, 2):
+            send(t, q, seq)
         await settle(t)
-        assert cnx.out[3][:2] == ("receipt", 3) and entries(ml) == [1, 3]
+        assert [o[:2] for o in cnx.out[3:]] == [("receipt", 0), ("receipt", 1), ("receipt", 2)]
+        assert entries(ml) == [1, 0, 1, 2]
     run(go())
 
 
