@@ -26,13 +26,21 @@ def _children() -> dict[int, list[int]]:
     return kids
 
 
-def tree_rss(root: int) -> int:
-    """Bytes resident in `root` and all its descendants now."""
-    kids, todo, total = _children(), [root], 0
-    page = os.sysconf("SC_PAGE_SIZE")
+def descendants(root: int) -> list[int]:
+    """`root` and every process below it now."""
+    kids, out, todo = _children(), [], [root]
     while todo:
         pid = todo.pop()
+        out.append(pid)
         todo.extend(kids.get(pid, []))
+    return out
+
+
+def tree_rss(root: int) -> int:
+    """Bytes resident in `root` and all its descendants now."""
+    total = 0
+    page = os.sysconf("SC_PAGE_SIZE")
+    for pid in descendants(root):
         try:
             total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
         except (OSError, IndexError, ValueError):

@@ -16,6 +16,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.rss import descendants  # noqa: E402
+
 TICK = os.sysconf("SC_CLK_TCK")
 KINDS = [("jit C2", r"^C2 Compiler"), ("jit C1", r"^C1 Compiler"),
          ("tasks", r"^Executor task"), ("gc", r"^(GC |ParGC|G1 |VM Periodic)"),
@@ -23,29 +26,8 @@ KINDS = [("jit C2", r"^C2 Compiler"), ("jit C1", r"^C1 Compiler"),
          ("jvm other", r"")]
 
 
-def _children() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                ppid = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            kids.setdefault(ppid, []).append(int(p.name))
-    return kids
-
-
-def tree(root: int) -> list[int]:
-    kids, out, todo = _children(), [], [root]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo += kids.get(p, [])
-    return out
-
-
 def sample(root: int, seen: dict[tuple[int, int], tuple[str, str, float]]) -> None:
-    for pid in tree(root):
+    for pid in descendants(root):
         try:
             exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
             tids = os.listdir(f"/proc/{pid}/task")
