@@ -200,9 +200,7 @@ class Topic:
                 raise ProducerFenced("Topic has existing shared producers")
             granted = self._grant_exclusive(name, topic_epoch)
         elif access_mode == ACCESS_EXCLUSIVE_WITH_FENCING:
-            for other in list(self.producers.values()):
-                self.remove_producer(other)
-                other.cnx.broker_close_producer(other)
+            self._disconnect_producers()
             self._fail_waiting(ProducerFenced("Fenced by a producer with ExclusiveWithFencing access"))
             self.exclusive_producer = None
             granted = self._grant_exclusive(name, None)
@@ -263,6 +261,12 @@ class Topic:
             _, _, fut = self._waiting_exclusive.popleft()
             if not fut.done():
                 fut.set_exception(exc)
+
+    def _disconnect_producers(self, url: str | None = None) -> None:
+        """Every producer removed and told to reconnect (CLOSE_PRODUCER, with the new owner's `url`)."""
+        for p in list(self.producers.values()):
+            self.remove_producer(p)
+            p.cnx.broker_close_producer(p, url)
 
     def remove_producer(self, p: Producer) -> None:
         p.closed = True
@@ -388,9 +392,7 @@ class Topic:
             # un-fenced, so a send pipelined behind the failed one is not written ahead of its resend
             # (with deduplication that resend would then be taken for a duplicate and dropped); the
             # clients reconnect and resend what they have pending, in order
-            for p in list(self.producers.values()):
-                self.remove_producer(p)
-                p.cnx.broker_close_producer(p)
+            self._disconnect_producers()
         if notify:
             for sub in self.subscriptions.values():
                 sub._wake.set()
@@ -614,9 +616,7 @@ class Topic:
                 await asyncio.wait_for(self._adds_drained.wait(), CLOSE_DRAIN_TIMEOUT)
             except asyncio.TimeoutError:
                 log.warning("%s: %d adds still in flight at close", self, len(self._adds))
-        for p in list(self.producers.values()):
-            self.remove_producer(p)
-            p.cnx.broker_close_producer(p, url)
+        self._disconnect_producers(url)
         for sub in list(self.subscriptions.values()):
             await sub.close(notify=True, assigned_broker_url=url)
         self.subscriptions.clear()
