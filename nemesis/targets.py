@@ -11,7 +11,7 @@ the moment the fault starts, and says how it found them:
 | `owner` | the broker owning a random topic of `ctx.topics` | `ctx.owner_of` (the brokers' lookup) |
 | `ledger-bookies` | the bookies of the last fragment of that topic's current ledger | a broker's `internalStats` (ledger id), then the ledger's metadata znode in ZooKeeper |
 | `zk-leader` | the ZooKeeper node whose `srvr` says `Mode: leader` (or `standalone`) | `srvr` on each node's client port |
-| `lb-leader` | the broker named by the load-balancer leader znode `/loadbalance/leader` | ZooKeeper |
+| `lb-leader` | the broker named by the load-balancer leader znode: `/loadbalance/leader` (modular), else `/loadbalance/extension/leader` (extensible: the channel owner) | ZooKeeper |
 | a node name (`broker-1`) | that node | the layout |
 
 Random draws are split from resolution: `draw(ctx, selector)` makes the selector's draws (and
@@ -37,6 +37,7 @@ from urllib.parse import quote, urlsplit
 from clusters import zookeeper
 from clusters.bookkeeper.metadata import LedgerMetadata, ledger_path
 from clusters.protocol.topics import normalize_topic
+from core.observations import LB_LEADER_PATHS
 from nemesis.base import FaultNameError, NemesisContext, NemesisError
 
 ROLES = ("broker", "bookie", "zookeeper")
@@ -44,7 +45,6 @@ RANDOM_ROLES = ("broker", "bookie")           # what `random` draws from, as the
 TOPIC_SELECTORS = ("owner", "ledger-bookies")
 FIXED_SELECTORS = ("random", *TOPIC_SELECTORS, "zk-leader", "lb-leader", *ROLES,
                    *(f"all-{r}" for r in ROLES))
-LB_LEADER_PATH = "/loadbalance/leader"        # Pulsar's LeaderElectionService ELECTION_ROOT
 HTTP_TIMEOUT = 5.0
 ZK_TIMEOUT = 10.0
 SRVR_TIMEOUT = 2.0
@@ -299,13 +299,16 @@ def _zk_leader(ctx: NemesisContext, layout: _Layout, probes: Probes) -> dict[str
 
 
 def _lb_leader(ctx: NemesisContext, layout: _Layout, probes: Probes) -> dict[str, Any]:
-    """The broker named by /loadbalance/leader: Pulsar's LeaderBroker JSON, {"serviceUrl":
-    "http://host:8080"} (and "brokerId": "host:port" since 3.0); a bare URL or host:port is
-    accepted too. The broker is matched by host."""
-    data = probes.zk_get(ctx.cluster.zk_connect, LB_LEADER_PATH)
+    """The broker named by the load-balancer leader znode: /loadbalance/leader (the modular load
+    manager's LeaderElectionService), else /loadbalance/extension/leader (the extensible one's, whose
+    leader owns the service-unit state channel). Pulsar's LeaderBroker JSON, {"serviceUrl":
+    "http://host:8080"} (and "brokerId": "host:port" since 3.0); a bare URL or host:port is accepted
+    too. The broker is matched by host."""
+    path, data = next(((p, d) for p in LB_LEADER_PATHS if (d := probes.zk_get(ctx.cluster.zk_connect, p)) is not None),
+                      (None, None))
     if data is None:
-        raise _fail("lb-leader", f"no broker holds the load-balancer leadership ({LB_LEADER_PATH} does not "
-                                 "exist; the reference brokers elect no load-balancer leader)", ctx)
+        raise _fail("lb-leader", "no broker holds the load-balancer leadership (neither "
+                                 f"{' nor '.join(LB_LEADER_PATHS)} exists: no load manager has elected a leader yet)", ctx)
     text = data.decode(errors="replace").strip()
     try:
         doc = json.loads(text)
@@ -320,8 +323,8 @@ def _lb_leader(ctx: NemesisContext, layout: _Layout, probes: Probes) -> dict[str
     for u in urls:
         host = urlsplit(u if "://" in u else f"//{u}").hostname
         if host in by_host:
-            return {"selector": "lb-leader", "nodes": [by_host[host]], "znode": LB_LEADER_PATH, "leader": doc}
-    raise _fail("lb-leader", f"{LB_LEADER_PATH} names {text[:200]!r}, not a broker of this cluster", ctx)
+            return {"selector": "lb-leader", "nodes": [by_host[host]], "znode": path, "leader": doc}
+    raise _fail("lb-leader", f"{path} names {text[:200]!r}, not a broker of this cluster", ctx)
 
 
 def pick(nodes: list[str], u: float) -> str:

@@ -9,6 +9,7 @@ here too, on this cluster (imported below). Timers are shortened through Pulsar'
 from __future__ import annotations
 
 import json
+import random
 import time
 import uuid
 from typing import Any
@@ -17,6 +18,8 @@ import pulsar
 import pytest
 
 from clusters.loadbalancer.extensible.state import CHANNEL_TOPIC, ServiceUnitStateData
+from nemesis import targets
+from nemesis.base import NemesisContext
 from tests.conformance.conftest import Admin
 from tests.netns import netns_cluster, pulsar_client
 # the tests of the modular load manager's module that hold for both load managers, on this cluster
@@ -113,6 +116,10 @@ def test_registry_and_leader_are_the_extensible_ones(cluster):
     assert [d["broker"] for d in docs] == broker_ids(cluster)
     assert sum(d["leader"] for d in docs) == 1
     assert next(d["broker"] for d in docs if d["leader"]) in leaders
+    # the faults' `lb-leader` target is that broker, the channel owner, by the extensible election's znode
+    r = targets.resolve(NemesisContext(cluster=cluster, rng=random.Random(1), topics=[]), "lb-leader")
+    assert r["znode"] == "/loadbalance/extension/leader"
+    assert [f"{cluster.node(n).host}:{cluster.node(n).ports['http']}" for n in r["nodes"]] == sorted(leaders)
     # the modular load manager's leader znode is not used
     status, out = call(cluster, "GET", "/admin/v2/broker-stats/load-report", broker=2)
     assert status == 200 and out["loadManagerClassName"].endswith("ExtensibleLoadManagerImpl")

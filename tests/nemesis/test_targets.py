@@ -216,19 +216,21 @@ def test_zk_leader_from_srvr_modes():
     (b'{"brokerId": "10.0.0.61:8080", "serviceUrl": "http://10.0.0.61:8080"}', "broker-1"),  # 3.x
     (b"10.0.0.62:8080", "broker-2"),
 ])
-def test_lb_leader_from_the_znode(data, node):
-    probes = FakeProbes(znodes={"/loadbalance/leader": data})
+@pytest.mark.parametrize("path", ["/loadbalance/leader", "/loadbalance/extension/leader"])   # modular, extensible
+def test_lb_leader_from_the_znode(data, node, path):
+    probes = FakeProbes(znodes={path: data})
     r = targets.resolve(ctx_of(FakeCluster()), "lb-leader", probes=probes)
-    assert r["nodes"] == [node] and r["znode"] == "/loadbalance/leader"
+    assert r["nodes"] == [node] and r["znode"] == path
 
 
 def test_lb_leader_missing_or_foreign():
-    with pytest.raises(NemesisError, match=r"no broker holds the load-balancer leadership \(/loadbalance/leader "
-                                           r"does not exist"):
+    with pytest.raises(NemesisError, match=r"no broker holds the load-balancer leadership \(neither /loadbalance/leader "
+                                           r"nor /loadbalance/extension/leader exists"):
         targets.resolve(ctx_of(FakeCluster()), "lb-leader", probes=FakeProbes())
-    probes = FakeProbes(znodes={"/loadbalance/leader": b'{"serviceUrl": "http://10.9.9.9:8080"}'})
-    with pytest.raises(NemesisError, match="not a broker of this cluster"):
-        targets.resolve(ctx_of(FakeCluster()), "lb-leader", probes=probes)
+    for path in ("/loadbalance/leader", "/loadbalance/extension/leader"):
+        probes = FakeProbes(znodes={path: b'{"serviceUrl": "http://10.9.9.9:8080"}'})
+        with pytest.raises(NemesisError, match=f"{path} names .* not a broker of this cluster"):
+            targets.resolve(ctx_of(FakeCluster()), "lb-leader", probes=probes)
 
 
 def test_pick_depends_on_the_draw_only():
