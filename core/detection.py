@@ -24,7 +24,6 @@ from dataclasses import fields as dc_fields
 from typing import Any
 
 from core.faults import FaultTimeline
-from core.history import NEMESIS_PROCESS
 
 MAX_EVIDENCE_NODES = 200_000            # dicts and lists walked per checker at most (evidence is capped)
 TARGET_RATE = 0.8                        # a detection row meets its target at >= 80 % (4 of 5 seeds)
@@ -39,10 +38,7 @@ NOT_SCENARIO = frozenset({"test_name", "seed", "results_dir", "bugs", "expected"
 def first_fault(ops: Iterable[Any]) -> tuple[float | None, str | None]:
     """(seconds, name) of the first fault of a history (its nemesis ops, in time order): the invocation of
     the first fault period that did not fail to start; (None, None) when the nemesis did nothing."""
-    tl = FaultTimeline()
-    for op in ops:
-        if op.process == NEMESIS_PROCESS:
-            tl.feed(op.time_ns, op.type, op.f, op)
+    tl = FaultTimeline.of_history(ops)
     periods = [p for p in tl.periods if not p.failed]
     if not periods:
         return None, None

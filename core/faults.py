@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.history import FAIL, INFO, INVOKE, OK
+from core.history import FAIL, INFO, INVOKE, NEMESIS_PROCESS, OK
 
 START, STOP, HEAL, ONE_SHOT = "start", "stop", "heal", ""
 HEALTHY = "healthy"                     # the state with no fault in force
@@ -114,6 +114,32 @@ class FaultTimeline:
             if type_ != OK:
                 p.note(f"{type_}{_err(error)}")
             self.periods.append(p)
+
+    @classmethod
+    def of_history(cls, ops: Any) -> "FaultTimeline":
+        """The timeline of a history's nemesis ops (in time order)."""
+        tl = cls()
+        for op in ops:
+            if op.process == NEMESIS_PROCESS:
+                tl.feed(op.time_ns, op.type, op.f, op)
+        return tl
+
+    def tally(self) -> dict[str, Any]:
+        """What the nemesis did, by fault name: {"took_effect": {name: n}, "failed": {name: n},
+        "first_error": {name: the first failed start's error}} (one-shot faults counted by their
+        outcome too). A run whose faults all failed tested nothing under faults: results.json and the
+        run's last lines say so."""
+        took: dict[str, int] = {}
+        failed: dict[str, int] = {}
+        first: dict[str, str] = {}
+        for p in self.periods:
+            if p.failed:
+                failed[p.name] = failed.get(p.name, 0) + 1
+                err = getattr(p.start_op, "error", "") or ""
+                first.setdefault(p.name, err)
+            elif p.started_ns is not None:
+                took[p.name] = took.get(p.name, 0) + 1
+        return {"took_effect": took, "failed": failed, "first_error": first}
 
     def open_periods(self) -> list[FaultPeriod]:
         """Periods not ended (failed starts excluded), in start order."""

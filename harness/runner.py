@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Iterator, TextIO
 
 from core import store
+from core.faults import FaultTimeline
 from core.history import CheckResult, HistoryError, Journal
 from core.spec import SpecError, TestSpec, from_mapping, load
 from core.store import EXIT_CRASH
@@ -135,6 +136,7 @@ class Run:
         self.interrupted: str | None = None
         self.check_errors: list[str] = []
         self.detection: dict[str, Any] = {}              # results.json's `detection` once checked
+        self.faults: dict[str, Any] = {}                 # results.json's run.faults: the nemesis' tally
         self.torn_down = False
         self.cluster_dir: str | None = None
         self.started_at = store.now_iso()
@@ -442,6 +444,7 @@ class Run:
         code = store.exit_code_for(valid)
         self.check_errors = check_errors
         self.detection = detection_fields(history or [], results, valid)
+        self.faults = FaultTimeline.of_history(history or []).tally()
         self._drop_cluster_data(valid)
         try:
             self._write_results(valid, code, results)
@@ -474,6 +477,9 @@ class Run:
         self._log_handler.close()
         if report is not None:
             self.progress.line(f"report: {report}")
+        line = faults_line(self.faults)
+        if line:
+            self.progress.line(line)
         errs = self.errors + self.check_errors
         why = f" ({'; '.join(errs)})" if errs else ""
         self.progress.line(f"verdict: {_verdict_word(valid)}{why}; {expectation_line(self.spec, valid)}; "
@@ -518,8 +524,23 @@ class Run:
                  "cluster": self.cluster_name, "cluster_dir": self.cluster_dir, "topics": self.topics,
                  "workers": self.workload.worker_count(self.spec), "step": self.step,
                  "final_reads": self.final_reads_done, "interrupted": self.interrupted,
-                 "errors": list(self.errors), "timings": dict(self.timings)},
+                 "errors": list(self.errors), "timings": dict(self.timings), "faults": self.faults},
             checkers=results, **expectation_fields(self.spec, valid), **self.detection)
+
+
+def faults_line(tally: dict[str, Any] | None) -> str:
+    """A warning naming the faults that failed to start (and so never took effect), with the first
+    error of each; "" when none failed. A run whose faults failed is judged on what it did test, but a
+    user must not take it for a run under those faults."""
+    failed = (tally or {}).get("failed") or {}
+    if not failed:
+        return ""
+    took = (tally or {}).get("took_effect") or {}
+    first = (tally or {}).get("first_error") or {}
+    parts = [f"{name} {n}x ({first.get(name) or 'no error given'})" for name, n in sorted(failed.items())]
+    ran = ", ".join(f"{name} {n}x" for name, n in sorted(took.items())) or "none"
+    return (f"warning: {sum(failed.values())} fault(s) failed to start and had no effect: {'; '.join(parts)}; "
+            f"took effect: {ran}")
 
 
 def expectation_fields(spec: TestSpec | None, valid: Any) -> dict[str, Any]:

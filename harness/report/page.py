@@ -242,9 +242,11 @@ def _section_summary(run: Run, a: Analysis, faults: list[Fault]) -> str:
     nem_txt = ", ".join(map(str, nem)) if isinstance(nem, list) else (str(nem) if nem is not None else unknown)
     if isinstance(nem, list) and not nem:
         nem_txt = "none"
-    seen = sorted({fl.name for fl in faults})
-    if seen:
-        nem_txt += f" (faults in this run: {', '.join(seen)})"
+    seen = sorted({fl.name for fl in faults if not fl.failed})
+    failed = sorted({fl.name for fl in faults if fl.failed})
+    if seen or failed:
+        nem_txt += f" (faults in this run: {', '.join(seen) or 'none'}"
+        nem_txt += f"; failed to start, no effect: {', '.join(failed)})" if failed else ")"
     rows.append(["nemeses", nem_txt])
     for k in ("started_at", "ended_at"):
         if info.get(k) is not None:

@@ -402,3 +402,7 @@ def test_fault_outcomes_from_nemesis_ops(tmp_path):
     assert "start indeterminate: timeout" in ft and "not healed by the end of the history" in ft
     charts = page[page.index('id="charts"'):page.index('id="faults"')]
     assert "pause broker-2" not in charts and "partition zk-1" in charts and "kill bookie-3" in charts
+    # the summary tells the faults that ran from the one that failed to start
+    summary = page[page.index('id="summary"'):]
+    summary = summary[:summary.index("</section>")]
+    assert "faults in this run: kill, partition; failed to start, no effect: pause" in summary
