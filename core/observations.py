@@ -32,8 +32,9 @@ monotonic time at which the observer learnt it (the same clock as every other op
 - `broker-registration` key = `/loadbalance/brokers/<brokerId>` (ephemeral: the broker's live ZooKeeper
   session); {"event": present | created | deleted, "broker" (the znode's name), "czxid", "session",
   "ctime_ms", "wall_ms", "zxid"}; its value (the load report, rewritten often) is not read.
-- `lb-leader` key = the leader znode: `/loadbalance/leader` (modular) or `/loadbalance/extension/leader`
-  (extensible: the channel owner); {"event", "broker", "czxid", "mzxid", "session", "zxid", "data"}.
+- `lb-leader` key = `/loadbalance/leader` (the modular load manager's leader; the extensible one's
+  channel recorders do not watch its leader znode); {"event", "broker", "czxid", "mzxid", "session",
+  "zxid", "data"}.
 - `lb-event` key = the bundle `<tenant>/<ns>/0x..._0x...`: a decision a broker logged (an unload, a
   split) in the shape `LB_EVENT_FIELDS` documents; see docs/architecture.md.
 - `channel-message` key = the bundle: one message of the extensible load manager's service-unit state
@@ -78,7 +79,7 @@ NAMESPACE_ROOT = "/namespace"                       # Pulsar's ServiceUnitUtils.
 LOCAL_POLICIES_ROOT = "/admin/local-policies"       # LocalPoliciesResources.LOCAL_POLICIES_ROOT
 LB_LEADER_PATH = "/loadbalance/leader"              # the modular load manager's leader election
 LB_EXT_LEADER_PATH = "/loadbalance/extension/leader"  # the extensible one's (ExtensibleLoadManagerImpl.ELECTION_ROOT)
-LB_LEADER_PATHS = (LB_LEADER_PATH, LB_EXT_LEADER_PATH)  # a cluster runs one load manager, so one of them
+LB_LEADER_PATHS = (LB_LEADER_PATH, LB_EXT_LEADER_PATH)  # a cluster runs one load manager: the nemeses' lb-leader
 BROKERS_PATH = "/loadbalance/brokers"               # one ephemeral znode per live broker
 # the extensible load manager's service-unit state channel (Pulsar's ServiceUnitStateChannelImpl.TOPIC)
 CHANNEL_TOPIC = "persistent://pulsar/system/loadbalancer-service-unit-state"

@@ -19,7 +19,7 @@ from typing import Any
 
 from core.history import OBSERVER_PROCESS, OK, Journal, Op
 from core.observations import (BOUNDARIES, BROKER_REGISTRATION, BROKERS_PATH, BUNDLE_OWNER, CHANGED, CREATED, DELETED, GAP_END, GAP_START,
-                               LB_EXT_LEADER_PATH, LB_LEADER, LB_LEADER_PATH, LOCAL_POLICIES_ROOT, NAMESPACE_ROOT, OBSERVE_START,
+                               LB_LEADER, LB_LEADER_PATH, LOCAL_POLICIES_ROOT, NAMESPACE_ROOT, OBSERVE_START,
                                OBSERVE_STOP, PRESENT, broker_of, namespace_of_policies, parse_boundaries,
                                parse_bundle_path, range_name)
 
@@ -39,7 +39,6 @@ ROOTS: tuple[tuple[str, int, str], ...] = (
     (NAMESPACE_ROOT, 3, BUNDLE_OWNER),
     (LOCAL_POLICIES_ROOT, 2, BOUNDARIES),
     (LB_LEADER_PATH, 0, LB_LEADER),
-    (LB_EXT_LEADER_PATH, 0, LB_LEADER),             # the extensible load manager's leader: the channel owner
     (BROKERS_PATH, 1, BROKER_REGISTRATION),       # existence only: the value is a load report
 )
 
