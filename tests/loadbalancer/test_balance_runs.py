@@ -1,6 +1,6 @@
 """The balance workload under `pulsar-chaos run` on a real 3-broker cluster while load moves: valid on the
-default configuration under every load-moving fault, and the ownership and log checkers catch the split
-bug knob (concurrent splits without compare-and-set, apache/pulsar#1117)."""
+default configuration under every load-moving fault, with either load manager, and the ownership and log
+checkers catch the split bug knob (concurrent splits without compare-and-set, apache/pulsar#1117)."""
 from __future__ import annotations
 
 import pytest
@@ -29,6 +29,26 @@ def test_balance_under_every_load_moving_fault_is_valid(tmp_path):
     own = res["checkers"]["ownership"]["stats"]
     assert own["observed"] and own["lock_rows"] > 4          # the recorder saw the locks move
     assert (run_dir / "journals" / "lb-events.jsonl").exists()
+
+
+def test_the_extensible_load_manager_under_the_load_moving_faults_is_valid(tmp_path):
+    """The same faults against the extensible load manager: `lb-leader` is its leader, the channel owner
+    (/loadbalance/extension/leader); the channel checker judges the channel topic read after the run."""
+    code, res, out, run_dir = runs.run(
+        tmp_path, prefix="xbal", workload="balance", load_manager="extensible", brokers=3, topics=40,
+        time_limit=30.0, seed=7,
+        nemesis_schedule=[{"at": 3, "name": "split", "hold": 1}, {"at": 6, "name": "unload:dest", "hold": 1},
+                          {"at": 9, "name": "kill:lb-leader", "hold": 6}, {"at": 17, "name": "scale", "hold": 5},
+                          {"at": 24, "name": "unload", "hold": 1}],
+        nemesis=[], lb_settings={"loadBalancerReportUpdateMinIntervalMillis": 1000})
+    assert code == 0 and res["valid"] is True, (out[-3000:], anomalies(res))
+    faults = res["run"]["faults"]
+    assert faults["failed"] == {}, faults                    # every fault took effect, the channel owner's kill too
+    assert faults["took_effect"] == {"split": 1, "unload": 2, "kill": 1, "scale": 1}, faults
+    assert "warning:" not in out
+    ch = res["checkers"]["channel"]
+    assert ch["valid"] is True and ch["stats"]["messages"] >= 6 and ch["stats"]["views"]
+    assert res["checkers"]["ownership"]["valid"] is True and res["checkers"]["log"]["valid"] is True
 
 
 def test_concurrent_splits_without_cas_are_caught(tmp_path):
