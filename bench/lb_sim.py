@@ -546,7 +546,7 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--sim-seeds", type=int, default=20,
                     help="validate: seeds whose distribution is compared; join: the simulated seeds")
-    a = ap.parse_args()
+    a = ap.parse_intermixed_args()       # options before or after the run folders
     if a.what == "calibrate":
         try:
             print(json.dumps(calibrate(a.args)))

@@ -810,3 +810,14 @@ def test_simulator_parameters_are_checked_by_name_type_sign_and_range():
                            ({"publish_ms": "x"}, "expects a number"), ({"publsh_ms": 1}, "did you mean 'publish_ms'")):
         with pytest.raises(ValueError, match=needle):
             SimParams.from_mapping(values)
+
+
+def test_the_bench_takes_its_options_before_between_or_after_the_run_folders(monkeypatch, capsys):
+    """`python -m bench.lb_sim calibrate RUN --seeds 3 RUN2`: an option between the run folders is read
+    as an option (argparse's plain parse refused the second folder), and a missing folder is one line."""
+    import sys
+    from bench import lb_sim
+    monkeypatch.setattr(sys, "argv", ["lb_sim", "calibrate", "/nonexistent-a", "--seeds", "3", "/nonexistent-b"])
+    assert lb_sim.main() == 254
+    err = capsys.readouterr().err
+    assert "/nonexistent-a: no such run folder" in err and len(err.strip().splitlines()) == 1
