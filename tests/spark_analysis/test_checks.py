@@ -8,8 +8,7 @@ import pytest
 
 from spark_analysis import checks
 from spark_analysis import main as analysis
-from tests.spark_analysis.helpers import (FINAL, H, as_written_before_pairing, python_keys, read_json, rerun_python,
-                                          spark_keys, write_run)
+from tests.spark_analysis.helpers import FINAL, H, python_keys, read_json, rerun_python, spark_keys, write_run
 
 pytestmark = pytest.mark.spark
 
@@ -129,23 +128,14 @@ PLANTED = {
 }
 
 
-# runs whose history.parquet is written as before core.store recorded each completion's invoke (and the
-# queue run): the analysis pairs their ops itself, the others' are read as recorded, in one job; each
-# is held to the Python checkers the same way
-OLD_FORMAT = ("lost", "divergence", "nonmonotonic-send", "info-receive", "read-without-key")
-
-
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory, spark):
     """The synthetic runs under one results dir, analysed once: (results dir, analysis result, rows)."""
     results = tmp_path_factory.mktemp("synthetic-results")
     for i, v in enumerate(LOG_VARIANTS):
-        d = write_run(results, f"syn-{v}", f"2026110{1 + i % 3}T12{i:02d}00", log_history(v),
-                      workload="log", nemesis=["kill"], bugs={} if v == "clean" else {"bookie.ignore_fence": True})
-        if v in OLD_FORMAT:
-            as_written_before_pairing(d)
-    as_written_before_pairing(write_run(results, "syn-queue", "20261102T120000", queue_history(),
-                                        workload="queue", nemesis=[]))
+        write_run(results, f"syn-{v}", f"2026110{1 + i % 3}T12{i:02d}00", log_history(v),
+                  workload="log", nemesis=["kill"], bugs={} if v == "clean" else {"bookie.ignore_fence": True})
+    write_run(results, "syn-queue", "20261102T120000", queue_history(), workload="queue", nemesis=[])
     # the subscriptions workload runs the log and the queue checkers over the same send/receive ops
     write_run(results, "syn-subscriptions", "20261103T120000", log_history("duplicate", "vanish"),
               workload="subscriptions", options={"subscription": "failover"}, nemesis=[])
@@ -184,12 +174,11 @@ def test_spark_checks_equal_the_python_checkers_on_every_synthetic_run(synthetic
     assert compared == len(dirs) + 1          # subscriptions: both checkers
 
 
-def test_histories_written_before_pairing_are_paired_by_the_analysis(synthetic):
-    """The first test held both kinds of history to the Python checkers in one job: those that record
-    each completion's invoke (read as recorded) and those written before (paired by the analysis)."""
+def test_the_synthetic_histories_record_each_completions_invoke(synthetic):
+    """The runs above are read as the store writes them now (each completion's invoke recorded: the op
+    table a projection); histories written before are paired by a window (test_inputs.py's runs)."""
     _, res, _ = synthetic
-    before = {r.run_id.split("/")[0].removeprefix("syn-") for r in res.runs if not r.paired}
-    assert before == set(OLD_FORMAT) | {"queue"} and len(res.runs) > len(before)
+    assert res.runs and all(r.paired for r in res.runs)
 
 
 def test_each_planted_anomaly_is_found_and_the_clean_run_has_none(synthetic):
