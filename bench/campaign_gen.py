@@ -648,9 +648,10 @@ class ParquetSink:
         self.run_dir = run_dir
         self.ops = 0
         self.deliveries = 0
+        self.last: dict[int, tuple] = {}      # each process's latest op, carried across chunks (its invoke)
 
     def __call__(self, ops: list[Op]) -> None:
-        self.hw.write_table(store.history_table(ops))
+        self.hw.write_table(store.history_table(ops, self.last))
         d = store.deliveries_table(ops)
         if d.num_rows:
             self.dw.write_table(d)
@@ -714,8 +715,9 @@ def ops_from_parquet(path: Path, limit: int | None = None) -> list[Op]:
     pf = pq.ParquetFile(path)
     out: list[Op] = []
     loads = json.loads
+    names = ["index", "time_ns", "process", "type", "f", "key", "value", "message_id", "node", "error"]
     for g in range(pf.num_row_groups):
-        t = pf.read_row_group(g)
+        t = pf.read_row_group(g, columns=names)      # not the invoke_* columns: an Op has no use for them
         cols = {name: t.column(name).to_pylist() for name in t.column_names}
         del t
         for idx, tn, p, ty, f, k, v, m, nd, er in zip(cols["index"], cols["time_ns"], cols["process"],

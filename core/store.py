@@ -166,6 +166,12 @@ def load_history(run_dir: Path | str) -> list[Op]:
 
 # ------------------------------------------------------------------------------------ parquet
 
+def _invoke_columns():
+    import pyarrow as pa
+    return (("invoke_index", pa.int64()), ("invoke_time_ns", pa.int64()), ("invoke_key", pa.string()),
+            ("invoke_value", pa.string()))
+
+
 def _schemas():
     import pyarrow as pa
     mid = pa.struct([("ledger_id", pa.int64()), ("entry_id", pa.int64()), ("partition", pa.int64()),
@@ -173,7 +179,11 @@ def _schemas():
     history = pa.schema([("index", pa.int64()), ("time_ns", pa.int64()), ("process", pa.int64()),
                          ("type", pa.string()), ("f", pa.string()), ("key", pa.string()),
                          ("value", pa.string()), ("message_id", mid), ("node", pa.string()),
-                         ("error", pa.string())])
+                         ("error", pa.string()),
+                         # a completion's invoke (the previous op of its process, when that is an
+                         # invoke of the same f), recorded as the history is written so that an
+                         # analysis need not pair them again; null for invokes and orphans
+                         *_invoke_columns()])
     deliveries = pa.schema([("index", pa.int64()), ("time_ns", pa.int64()), ("process", pa.int64()),
                             ("f", pa.string()), ("key", pa.string()), ("position", pa.int64()),
                             ("value", pa.int64()), ("message_id", mid), ("redelivery_count", pa.int64())])
@@ -196,22 +206,34 @@ def _int_or_none(v: Any) -> int | None:
     return None
 
 
-def history_table(history: list[Op]):
+def history_table(history: list[Op], last: dict[int, tuple] | None = None):
+    """history.parquet's rows for these ops, in index order. `last` carries, per process, its latest
+    op across the chunks of one history written a chunk at a time (pass the same dict, in order)."""
     import pyarrow as pa
     schema, _ = _schemas()
     cols: dict[str, list[Any]] = {name: [] for name in schema.names}
+    last = {} if last is None else last
+    if any(a.index > b.index for a, b in zip(history, history[1:])):
+        history = sorted(history, key=lambda o: o.index)
     for op in history:
+        value = None if op.value is None else json.dumps(op.value, separators=(",", ":"), default=_lenient_json)
         cols["index"].append(op.index)
         cols["time_ns"].append(op.time_ns)
         cols["process"].append(op.process)
         cols["type"].append(op.type)
         cols["f"].append(op.f)
         cols["key"].append(op.key)
-        cols["value"].append(None if op.value is None else json.dumps(op.value, separators=(",", ":"),
-                                                                       default=_lenient_json))
+        cols["value"].append(value)
         cols["message_id"].append(asdict(op.message_id) if op.message_id is not None else None)
         cols["node"].append(op.node)
         cols["error"].append(op.error)
+        prev = last.get(op.process)
+        paired = op.type != "invoke" and prev is not None and prev[0] == "invoke" and prev[1] == op.f
+        cols["invoke_index"].append(prev[2] if paired else None)
+        cols["invoke_time_ns"].append(prev[3] if paired else None)
+        cols["invoke_key"].append(prev[4] if paired else None)
+        cols["invoke_value"].append(prev[5] if paired else None)
+        last[op.process] = (op.type, op.f, op.index, op.time_ns, op.key, value)
     return pa.table(cols, schema=schema)
 
 

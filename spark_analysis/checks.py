@@ -159,24 +159,39 @@ def prepare(spark: SparkSession, history: DataFrame, deliveries: DataFrame, runs
                  & (((F.col("type") == "ok") & ~F.col("f").isin(*DELIVERY_FS))
                     | ((F.col("type") == "info") & recvish)))
     h = h.withColumn("mj", F.when(from_json, F.col("value")))
-    w = Window.partitionBy("run_id", "process").orderBy("index")
-    prev = F.lag(F.struct("type", "f", "key", "sv", "time_ns", "index")).over(w)
-    nxt = F.lead(F.struct("type", "f", "index")).over(w)
-    ops = (h.withColumn("error", F.when(F.col("queue_role") == "drain", F.col("error")))  # only drains need it
-           .select("run_id", "index", "time_ns", "process", "type", "f", "key", "error", "log_role",
-                   "queue_role", "sv", "sv_bad", "pk", "partition", "mj", prev.alias("prev"), nxt.alias("next"))
-           .withColumn("matched", (F.col("type") != "invoke") & (F.col("prev.type") == "invoke")
-                       & (F.col("prev.f") == F.col("f")))
-           .withColumn("matched", F.coalesce(F.col("matched"), F.lit(False)))
-           .withColumn("inv_key", F.when(F.col("matched"), F.col("prev.key")))
-           .withColumn("inv_sv", F.when(F.col("matched"), F.col("prev.sv")))
-           .withColumn("inv_time", F.when(F.col("matched"), F.col("prev.time_ns")))
-           .withColumn("inv_index", F.when(F.col("matched"), F.col("prev.index")))
-           .withColumn("has_comp", (F.col("type") == "invoke") & (F.col("next.type") != "invoke")
-                       & (F.col("next.f") == F.col("f")))
-           .withColumn("comp_type", F.when(F.col("has_comp"), F.col("next.type")))
-           .withColumn("comp_index", F.when(F.col("has_comp"), F.col("next.index")))
-           .drop("prev", "next", "has_comp"))
+    base = ["run_id", "index", "time_ns", "process", "type", "f", "key",
+            F.when(F.col("queue_role") == "drain", F.col("error")).alias("error"),   # only drains need it
+            "log_role", "queue_role", "sv", "sv_bad", "pk", "partition", "mj"]
+    parts = []
+    paired = [r.num for r in runs if r.paired]
+    if paired:
+        # histories that record each completion's invoke (core.store's invoke_* columns): a projection
+        rec = h if len(paired) == len(runs) else h.where(F.col("run_id").isin(paired))
+        matched = F.col("invoke_index").isNotNull()
+        parts.append(rec.select(
+            *base, matched.alias("matched"),
+            F.when(matched, topic_key(F.col("invoke_key"))).alias("inv_key"),
+            F.when(matched & sendish, norm_value(F.col("invoke_value"))).alias("inv_sv"),
+            F.when(matched, F.col("invoke_time_ns")).alias("inv_time"),
+            F.col("invoke_index").alias("inv_index")))
+    if len(paired) < len(runs):
+        # histories written before that: each op's previous op of its process, by a window over the
+        # history partitioned by (run, process) in index order (a shuffle and sort of every op)
+        old = h if not paired else h.where(~F.col("run_id").isin(paired))
+        w = Window.partitionBy("run_id", "process").orderBy("index")
+        prev = F.lag(F.struct("type", "f", "key", "sv", "time_ns", "index")).over(w)
+        matched = F.coalesce((F.col("type") != "invoke") & (F.col("prev.type") == "invoke")
+                             & (F.col("prev.f") == F.col("f")), F.lit(False))
+        parts.append(old.select(*base, prev.alias("prev"))
+                     .withColumn("matched", matched)
+                     .withColumn("inv_key", F.when(F.col("matched"), F.col("prev.key")))
+                     .withColumn("inv_sv", F.when(F.col("matched"), F.col("prev.sv")))
+                     .withColumn("inv_time", F.when(F.col("matched"), F.col("prev.time_ns")))
+                     .withColumn("inv_index", F.when(F.col("matched"), F.col("prev.index")))
+                     .drop("prev"))
+    ops = parts[0]
+    for more in parts[1:]:
+        ops = ops.unionByName(more)
     ops = ops.persist()
     info_msgs = (ops.where(F.col("mj").isNotNull())
                  .select("run_id", "index", "f", "key", "log_role", "queue_role", "type",
@@ -241,16 +256,18 @@ def _rows(df: DataFrame, checker: str, kind: str, **cols: Any) -> DataFrame:
 
 def log_anomalies(t: Tables) -> DataFrame:
     ops, msgs = t.ops, t.msgs
-    # send attempts: invokes with their completion; completions without an invoke count as one
-    attempts = (ops.where((F.col("log_role") == "send") & (F.col("type") == "invoke"))
-                .select("run_id", F.col("key").alias("topic"), F.col("sv").alias("v"), F.col("index").alias("att"),
-                        "comp_index", "comp_type")
-                .unionByName(ops.where((F.col("log_role") == "send") & (F.col("type") != "invoke")
-                                       & ~F.col("matched"))
-                             .select("run_id", F.col("key").alias("topic"), F.col("sv").alias("v"),
-                                     F.col("index").alias("att"), F.col("index").alias("comp_index"),
-                                     F.col("type").alias("comp_type")))
-                .where(F.col("v").isNotNull()))
+    # send attempts: each send invoke opens one, and its completion (matched) closes it; a completion
+    # without an invoke is an attempt of its own. One row per send op: the attempt it belongs to
+    # (att: its invoke's index), whether it opens one (att_n), and the completion's index and type
+    sends = ops.where((F.col("log_role") == "send") & F.col("type").isNotNull())
+    inv = F.col("type") == "invoke"
+    attempts = (sends.select(
+        "run_id", F.when(F.col("matched"), F.col("inv_key")).otherwise(F.col("key")).alias("topic"),
+        F.when(F.col("matched"), F.col("inv_sv")).otherwise(F.col("sv")).alias("v"),
+        F.when(F.col("matched"), F.col("inv_index")).otherwise(F.col("index")).alias("att"),
+        F.when(~inv, F.col("index")).alias("comp_index"), F.when(~inv, F.col("type")).alias("comp_type"),
+        (inv | ~F.col("matched")).cast("int").alias("att_n"))
+        .where(F.col("v").isNotNull()))
     seen = (msgs.where(F.col("log_role").isin("recv", "read"))
             .select("run_id", F.col("log_topic").alias("topic"), F.col("value").alias("v"), "pk", "index",
                     "log_role"))
@@ -264,7 +281,7 @@ def log_anomalies(t: Tables) -> DataFrame:
     # and a highest value that differ: aggregated field by field, as longs, the aggregate is a hash
     # aggregate; the minimum and maximum of the position struct made it sort 8 million rows twice)
     fields = [n.name for n in POS.fields]
-    per_value = (attempts.select(*keys, F.lit(1).alias("att_n"), (F.col("comp_type") == "ok").alias("ok"),
+    per_value = (attempts.select(*keys, "att_n", (F.col("comp_type") == "ok").alias("ok"),
                                  *[nul.cast("long").alias(n) for n in fields], nul.cast("long").alias("ri"))
                  .unionByName(seen.select(*keys, F.lit(0).alias("att_n"), nul.cast("boolean").alias("ok"),
                                           *[F.col("pk")[n].alias(n) for n in fields],
@@ -282,7 +299,10 @@ def log_anomalies(t: Tables) -> DataFrame:
     # a value sent once (nearly all) is acknowledged iff that send completed ok: only values sent more
     # than once (few) need their attempts ordered
     again = F.broadcast(per_value.where(F.col("n") > 1).select(*keys))
-    retried = (attempts.join(again, keys).groupBy(*keys)
+    retried = (attempts.join(again, keys)
+               .groupBy(*keys, "att").agg(F.max("comp_index").alias("comp_index"),   # an invoke and its completion
+                                          F.max("comp_type").alias("comp_type"))
+               .groupBy(*keys)
                .agg(F.array_sort(F.collect_list(F.struct("att", "comp_index", "comp_type"))).alias("a"))
                .withColumn("r_acked", F.expr(
                    "exists(sequence(0, size(a) - 1), i -> a[i].comp_type = 'ok' AND "

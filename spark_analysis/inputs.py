@@ -21,6 +21,7 @@ from core import store
 HISTORY_COLUMNS = ("index", "time_ns", "process", "type", "f", "key", "value", "message_id", "node", "error")
 DELIVERY_COLUMNS = ("index", "time_ns", "process", "f", "key", "position", "value", "message_id",
                     "redelivery_count")
+INVOKE_COLUMNS = ("invoke_index", "invoke_time_ns", "invoke_key", "invoke_value")   # core.store's
 STAMP = re.compile(r"^(\d{8}T\d{6})(?:-\d+)?$")
 MAX_DEPTH = 8                       # how deep under a results dir run folders are looked for
 # checker f-name options the Spark checks read (checkers/log.py and checkers/queue.py DEFAULTS)
@@ -46,6 +47,8 @@ class Run:
     num: int = -1                     # the run's number in Spark's tables (an int key is cheaper to
                                       # shuffle and sort than the run id; mapped back on output)
     key: str = ""                     # its fingerprint in the store of per-run tables (reuse.run_key)
+    paired: bool = False              # its history.parquet records each completion's invoke (INVOKE_COLUMNS:
+                                      # written so since they were added); else the analysis pairs them
 
     # -------------------------------------------------------------------- derived, for the tables
     def _get(self, name: str, default: Any = None) -> Any:
@@ -296,26 +299,26 @@ def run_ids(paths_by_root: list[tuple[str, list[str]]]) -> dict[str, str]:
 
 # ------------------------------------------------------------------------------------ vetting
 
-def _parquet_problem(path: Path, columns: tuple[str, ...]) -> tuple[str | None, int, int | None]:
-    """(why this Parquet file cannot be read, or None; its size; its row count)."""
+def _parquet_problem(path: Path, columns: tuple[str, ...]) -> tuple[str | None, int, int | None, set[str]]:
+    """(why this Parquet file cannot be read, or None; its size; its row count; its column names)."""
     import pyarrow.parquet as pq
     try:
         size = path.stat().st_size
     except FileNotFoundError:
-        return f"no {path.name}", 0, None
+        return f"no {path.name}", 0, None, set()
     except OSError as e:
-        return f"{path.name}: cannot stat ({e.strerror})", 0, None
+        return f"{path.name}: cannot stat ({e.strerror})", 0, None, set()
     try:
         pf = pq.ParquetFile(path)          # reads the footer only: a truncated file fails here
         names = set(pf.schema_arrow.names)
         rows = pf.metadata.num_rows
     except Exception as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        return f"{path.name}: corrupt or truncated Parquet ({first[:160]})", size, None
+        return f"{path.name}: corrupt or truncated Parquet ({first[:160]})", size, None, set()
     missing = [c for c in columns if c not in names]
     if missing:
-        return f"{path.name}: not a pulsar-chaos table (no column {', '.join(missing)})", size, None
-    return None, size, rows
+        return f"{path.name}: not a pulsar-chaos table (no column {', '.join(missing)})", size, None, names
+    return None, size, rows, names
 
 
 def _read_local_text(path: Path) -> tuple[str | None, str | None]:
@@ -368,12 +371,12 @@ def vet(paths: list[str], ids: dict[str, str], spark: Any = None) -> tuple[list[
         texts = _read_remote_texts(spark, want)     # one Spark job for all of them
     for p in paths:
         local = not has_scheme(p)
-        size, rows = 0, None
+        size, rows, paired = 0, None, False
         if local:
             d = Path(p)
             bad = None
             for name, cols in ((store.HISTORY_PARQUET, HISTORY_COLUMNS), (store.DELIVERIES_PARQUET, DELIVERY_COLUMNS)):
-                why, n, r = _parquet_problem(d / name, cols)
+                why, n, r, names = _parquet_problem(d / name, cols)
                 if why is not None:
                     if why == f"no {store.HISTORY_PARQUET}":
                         why += (" (the run never merged its journals: it crashed or is still running;"
@@ -383,6 +386,7 @@ def vet(paths: list[str], ids: dict[str, str], spark: Any = None) -> tuple[list[
                 size += n
                 if name == store.HISTORY_PARQUET:
                     rows = r
+                    paired = all(c in names for c in INVOKE_COLUMNS)
             if bad:
                 skipped.append(Skipped(p, bad))
                 continue
@@ -420,7 +424,7 @@ def vet(paths: list[str], ids: dict[str, str], spark: Any = None) -> tuple[list[
                 skipped.append(Skipped(p, f"{store.RESULTS_JSON}: corrupt ({str(e)[:160]})"))
                 continue
         runs.append(Run(run_id=ids[p], path=p, local=local, spec=spec, results=results,
-                        history_bytes=size, history_rows=rows, notes=notes))
+                        history_bytes=size, history_rows=rows, notes=notes, paired=paired))
     return runs, skipped
 
 
@@ -435,7 +439,10 @@ def history_schema():
         T.StructField("process", T.LongType()), T.StructField("type", T.StringType()),
         T.StructField("f", T.StringType()), T.StructField("key", T.StringType()),
         T.StructField("value", T.StringType()), T.StructField("message_id", mid),
-        T.StructField("node", T.StringType()), T.StructField("error", T.StringType())])
+        T.StructField("node", T.StringType()), T.StructField("error", T.StringType()),
+        # null in the histories written before they were recorded (Run.paired is False for those)
+        T.StructField("invoke_index", T.LongType()), T.StructField("invoke_time_ns", T.LongType()),
+        T.StructField("invoke_key", T.StringType()), T.StructField("invoke_value", T.StringType())])
     deliv = T.StructType([
         T.StructField("index", T.LongType()), T.StructField("time_ns", T.LongType()),
         T.StructField("process", T.LongType()), T.StructField("f", T.StringType()),

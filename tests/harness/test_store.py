@@ -91,6 +91,36 @@ def test_not_a_run_folder(tmp_path):
         store.load_history(tmp_path)
 
 
+def _invokes(table):
+    return [(r["index"], r["invoke_index"], r["invoke_time_ns"], r["invoke_key"], r["invoke_value"])
+            for r in table.to_pylist()]
+
+
+def test_each_completion_records_its_invoke_across_chunks():
+    """A completion records the previous op of its process when that is an invoke of the same f (the
+    checkers' pairing); an invoke, an orphan and a completion after another f's invoke record nothing;
+    a history written a chunk at a time pairs across the chunks, and out-of-order ops by index."""
+    ops = [Op(process=0, type="invoke", f="send", key="t0", value=1, time_ns=10, index=0),
+           Op(process=1, type="invoke", f="send", key="t1", value="2", time_ns=11, index=1),
+           Op(process=0, type="ok", f="send", key="", value=None, time_ns=12, index=2),
+           Op(process=2, type="ok", f="send", key="t0", value=3, time_ns=13, index=3),       # orphan
+           Op(process=1, type="info", f="send", key="t1", value="2", time_ns=14, index=4),
+           Op(process=3, type="invoke", f="receive", key="t0", time_ns=15, index=5),
+           Op(process=3, type="ok", f="read", key="t0", value=[], time_ns=16, index=6),      # another f
+           Op(process=0, type="invoke", f="send", key="t0", value=[4, {"a": 1}], time_ns=17, index=7),
+           Op(process=0, type="fail", f="send", key="t0", time_ns=18, index=8)]
+    want = [(0, None, None, None, None), (1, None, None, None, None), (2, 0, 10, "t0", "1"),
+            (3, None, None, None, None), (4, 1, 11, "t1", '"2"'), (5, None, None, None, None),
+            (6, None, None, None, None), (7, None, None, None, None), (8, 7, 17, "t0", '[4,{"a":1}]')]
+    assert _invokes(store.history_table(ops)) == want
+    assert _invokes(store.history_table(list(reversed(ops)))) == want
+    last: dict = {}
+    chunks = [store.history_table(ops[i:i + 2], last) for i in range(0, len(ops), 2)]
+    assert [r for t in chunks for r in _invokes(t)] == want
+    # without the carried state the second chunk's completion has no invoke: the state is what pairs
+    assert _invokes(store.history_table(ops[2:4]))[0] == (2, None, None, None, None)
+
+
 def test_parquet_schemas_and_deliveries(tmp_path):
     run = store.create_run_dir(tmp_path, "pq")
     mid = {"ledger_id": 1, "entry_id": 2, "partition": -1, "batch_index": 0}
@@ -115,7 +145,9 @@ def test_parquet_schemas_and_deliveries(tmp_path):
     assert h.schema == pa.schema([("index", pa.int64()), ("time_ns", pa.int64()), ("process", pa.int64()),
                                   ("type", pa.string()), ("f", pa.string()), ("key", pa.string()),
                                   ("value", pa.string()), ("message_id", mid_t), ("node", pa.string()),
-                                  ("error", pa.string())])
+                                  ("error", pa.string()), ("invoke_index", pa.int64()),
+                                  ("invoke_time_ns", pa.int64()), ("invoke_key", pa.string()),
+                                  ("invoke_value", pa.string())])
     rows = h.to_pylist()
     assert len(rows) == 8 and rows[1]["message_id"] == mid and rows[0]["message_id"] is None
     assert json.loads(rows[3]["value"]) == recv and rows[2]["value"] is None

@@ -141,6 +141,18 @@ def write_run(results: Path, name: str, stamp: str, history: list[Op], **spec_kw
     return d
 
 
+def as_written_before_pairing(run_dir: Path) -> Path:
+    """The run's history.parquet rewritten without the invoke_* columns, as histories were written
+    before core.store recorded each completion's invoke (the analysis pairs those itself)."""
+    import pyarrow.parquet as pq
+    from spark_analysis.inputs import INVOKE_COLUMNS
+    path = Path(run_dir) / store.HISTORY_PARQUET
+    t = pq.read_table(path)
+    assert all(c in t.column_names for c in INVOKE_COLUMNS), path
+    pq.write_table(t.drop_columns(list(INVOKE_COLUMNS)), path)
+    return Path(run_dir)
+
+
 def rerun_python(run_dir: Path) -> dict[str, Any]:
     """The Python checkers' results for a run folder, rerun with every anomaly kept (no cap)."""
     from workloads import get

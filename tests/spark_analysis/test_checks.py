@@ -41,7 +41,8 @@ def log_history(*variants: str) -> list:
         h.send(1, T0, 52, None, "fail")                  # reused after its ack: the ack is kept
         h.op(6, "invoke", "send", T0, 53)
         h.op(6, "info", "send", T0, 53, error="Timeout")
-        t0 += [(51, (10, 21, -1, -1)), (52, (10, 22, -1, -1))]             # 50 never read: lost
+        h.op(7, "ok", "send", T0, 54, (10, 23, -1, -1))  # a completion without an invoke: an attempt
+        t0 += [(51, (10, 21, -1, -1)), (52, (10, 22, -1, -1)), (54, (10, 23, -1, -1))]   # 50 never read: lost
     h.pause(2.0)
     h.op(-1, "invoke", "stop-kill")
     h.op(-1, "ok", "stop-kill")
@@ -171,6 +172,13 @@ def test_spark_checks_equal_the_python_checkers_on_every_synthetic_run(synthetic
             assert {t: len(got[t]) for t in types} == {t: counts.get(t, 0) for t in types}, (run_id, checker)
             compared += 1
     assert compared == len(dirs) + 1          # subscriptions: both checkers
+
+
+def test_the_synthetic_histories_record_each_completions_invoke(synthetic):
+    """The runs above are read as the store writes them now (each completion's invoke recorded: the op
+    table a projection); histories written before are paired by a window (test_inputs.py's runs)."""
+    _, res, _ = synthetic
+    assert res.runs and all(r.paired for r in res.runs)
 
 
 def test_each_planted_anomaly_is_found_and_the_clean_run_has_none(synthetic):

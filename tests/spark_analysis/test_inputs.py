@@ -15,7 +15,7 @@ from spark_analysis import inputs
 from spark_analysis import main as analysis
 from spark_analysis import session as spark_session
 from tests.spark_analysis.conftest import counting_shared_session
-from tests.spark_analysis.helpers import FINAL, H, write_run
+from tests.spark_analysis.helpers import FINAL, H, as_written_before_pairing, write_run
 
 pytestmark = pytest.mark.spark
 
@@ -33,10 +33,13 @@ def small_history(lose: bool = False) -> list:
 
 @pytest.fixture(scope="module")
 def campaign(tmp_path_factory):
-    """Two good runs and one run folder per way of being broken."""
+    """Two good runs (written without the invoke columns) and one run folder per way of being broken."""
     root = tmp_path_factory.mktemp("inputs")
-    good = write_run(root, "good", "20261105T101010", small_history(), workload="log", nemesis=[])
-    write_run(root, "good", "20261105T111111", small_history(lose=True), workload="log", nemesis=[])
+    # the two good runs as histories were written before core.store recorded each completion's invoke
+    good = as_written_before_pairing(write_run(root, "good", "20261105T101010", small_history(), workload="log",
+                                               nemesis=[]))
+    as_written_before_pairing(write_run(root, "good", "20261105T111111", small_history(lose=True), workload="log",
+                                        nemesis=[]))
     trunc = write_run(root, "truncated", "20261105T121212", small_history(), workload="log", nemesis=[])
     data = (trunc / store.HISTORY_PARQUET).read_bytes()
     (trunc / store.HISTORY_PARQUET).write_bytes(data[: len(data) // 2])
@@ -81,6 +84,15 @@ def test_bad_runs_are_skipped_with_reasons_and_the_rest_is_analysed(analysed):
     for name in analysis.TABLES:
         assert (out / f"{name}.parquet").exists(), name
     assert len(res.tables["skipped"]) == 5
+
+
+def test_histories_written_before_the_invoke_columns_are_paired_by_the_analysis(analysed):
+    """The good runs' history.parquet lacks the invoke_* columns: the analysis pairs each completion
+    with its invoke itself (a window), and its counts equal the Python checker's (the lost value too)."""
+    res, _, _ = analysed
+    assert [r.paired for r in res.runs] == [False, False]
+    runs = res.tables["runs"].set_index("run_id")
+    assert set(runs["agrees"]) == {"yes"} and runs["log.lost"].sum() == 1
 
 
 def test_only_bad_runs_need_no_spark(campaign, tmp_path, shared_session_as_new):
