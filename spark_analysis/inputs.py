@@ -355,10 +355,49 @@ def _remote_sizes(spark: Any, paths: list[str]) -> dict[str, int | None]:
     return out
 
 
+CAMPAIGN_JSON = "campaign.json"      # harness.campaign_run's record: <campaign>/runs/<entry>/<time>/ per entry
+
+
+def superseded_attempts(paths: list[str]) -> dict[str, str]:
+    """{path: reason} of the local run folders a campaign did not keep: an attempt it interrupted (a
+    stopped campaign, a timeout) and reran on --resume, or one of an entry not finished yet. Counting them
+    beside the entry's kept run would count one entry twice. A campaign's kept run is the `run_dir` its
+    campaign.json records for the entry, matched by entry and time folder names (a moved or downloaded
+    campaign folder keeps them)."""
+    kept_of: dict[Path, dict[str, str] | None] = {}
+    out: dict[str, str] = {}
+    for p in paths:
+        if has_scheme(p):
+            continue
+        run = Path(p)
+        camp = run.parent.parent.parent
+        if run.parent.parent.name != "runs":
+            continue
+        if camp not in kept_of:
+            try:
+                state = json.loads((camp / CAMPAIGN_JSON).read_text())
+                kept_of[camp] = {e["name"]: Path(e["run_dir"]).name if e.get("run_dir") else ""
+                                 for e in state.get("entries", []) if isinstance(e, dict) and e.get("name")}
+            except (OSError, ValueError, TypeError, KeyError):
+                kept_of[camp] = None          # not a campaign's run (or an unreadable record): counted
+        kept = kept_of[camp]
+        if kept is None or run.parent.name not in kept or kept[run.parent.name] == run.name:
+            continue
+        out[p] = (f"an interrupted attempt of campaign entry {run.parent.name}, rerun as {kept[run.parent.name]}"
+                  if kept[run.parent.name] else
+                  f"an attempt of campaign entry {run.parent.name}, which has not finished (interrupted or "
+                  f"still running)")
+    return out
+
+
 def vet(paths: list[str], ids: dict[str, str], spark: Any = None) -> tuple[list[Run], list[Skipped]]:
-    """The runs that can be analysed and those skipped with their reason."""
+    """The runs that can be analysed and those skipped with their reason (a campaign's superseded
+    attempts among them: `superseded_attempts`)."""
     runs: list[Run] = []
     skipped: list[Skipped] = []
+    gone = superseded_attempts(paths)
+    skipped += [Skipped(p, why) for p, why in gone.items()]
+    paths = [p for p in paths if p not in gone]
     remote = [p for p in paths if has_scheme(p)]
     texts: dict[str, str] = {}
     sizes: dict[str, int | None] = {}

@@ -95,6 +95,32 @@ def test_shard_folders_give_the_same_table(campaign, capsys, tmp_path):
     assert _table(capsys, a, b)[:2] == _table(capsys, out)[:2]
 
 
+def test_a_campaigns_interrupted_attempt_is_not_counted_beside_its_rerun(campaign, capsys, tmp_path):
+    """A campaign stopped during a run and resumed (or a run over its timeout) leaves the attempt's folder
+    beside the rerun's: campaign.json keeps the rerun, and only it counts (it once counted twice, 5/6)."""
+    out, m = campaign
+    camp = tmp_path / "camp"
+    entries = []
+    for i, e in enumerate(m["runs"]):
+        name = f"entry-{i}"
+        kept = camp / "runs" / name / "20261128T120000"
+        shutil.copytree(out / e["run"], kept)
+        entries.append({"name": name, "run_dir": f"/elsewhere/runs/{name}/{kept.name}"})   # a moved folder
+    # entry 0's attempt, interrupted before its rerun: a run of the other outcome than the kept one
+    other = next(e for e in m["runs"] if e["python"]["valid"] != m["runs"][0]["python"]["valid"])
+    shutil.copytree(out / other["run"], camp / "runs" / "entry-0" / "20261128T110000")
+    # an entry not finished yet: nothing of it counts
+    shutil.copytree(out / other["run"], camp / "runs" / "entry-x" / "20261128T130000")
+    entries.append({"name": "entry-x", "run_dir": None})
+    (camp / "campaign.json").write_text(json.dumps({"entries": entries}))
+    code, text, err = _table(capsys, camp)
+    assert code == 0 and _table(capsys, out)[1] == text
+    skipped = sorted(ln for ln in err.splitlines())
+    assert len(skipped) == 2, err
+    assert "20261128T110000: an interrupted attempt of campaign entry entry-0, rerun as 20261128T120000" in skipped[0]
+    assert "entry-x/20261128T130000: an attempt of campaign entry entry-x, which has not finished" in skipped[1]
+
+
 def test_it_needs_no_spark():
     code = ("import sys; from harness import cli; rc = cli.main(['detection', sys.argv[1]]); "
             "assert 'pyspark' not in sys.modules, 'pyspark imported'; sys.exit(rc)")
