@@ -24,7 +24,7 @@ from nemesis.power import PowerLossNemesis
 from nemesis.process import KillNemesis, PauseNemesis
 from nemesis.targets import check_name
 
-TARGETS_HELP = ("TARGET: owner, ledger-bookies, zk-leader, lb-leader, broker, bookie, zookeeper, "
+TARGETS_HELP = ("TARGET: owner, ledger-bookies, zk-leader, lb-leader, lb-follower, broker, bookie, zookeeper, "
                 "all-<role>, or a node name (resolved when the fault starts)")
 DEFAULT_COLOUR = "#D9C8A8"
 # Colours for fault names no entry declares (histories from other tools): a stable pick by name.

@@ -12,6 +12,7 @@ the moment the fault starts, and says how it found them:
 | `ledger-bookies` | the bookies of the last fragment of that topic's current ledger | a broker's `internalStats` (ledger id), then the ledger's metadata znode in ZooKeeper |
 | `zk-leader` | the ZooKeeper node whose `srvr` says `Mode: leader` (or `standalone`) | `srvr` on each node's client port |
 | `lb-leader` | the broker named by the load-balancer leader znode: `/loadbalance/leader` (modular), else `/loadbalance/extension/leader` (extensible: the channel owner) | ZooKeeper |
+| `lb-follower` | one random broker that is not the load-balancer leader: the drawn broker, or the next one by name when the draw is the leader | the layout (`ctx.rng`), then the leader znode |
 | a node name (`broker-1`) | that node | the layout |
 
 Random draws are split from resolution: `draw(ctx, selector)` makes the selector's draws (and
@@ -43,7 +44,8 @@ from nemesis.base import FaultNameError, NemesisContext, NemesisError
 ROLES = ("broker", "bookie", "zookeeper")
 RANDOM_ROLES = ("broker", "bookie")           # what `random` draws from, as the kill/pause nemeses
 TOPIC_SELECTORS = ("owner", "ledger-bookies")
-FIXED_SELECTORS = ("random", *TOPIC_SELECTORS, "zk-leader", "lb-leader", *ROLES,
+LB_FOLLOWER = "lb-follower"               # a broker the leader may have preallocated bundles to (#478)
+FIXED_SELECTORS = ("random", *TOPIC_SELECTORS, "zk-leader", "lb-leader", LB_FOLLOWER, *ROLES,
                    *(f"all-{r}" for r in ROLES))
 HTTP_TIMEOUT = 5.0
 ZK_TIMEOUT = 10.0
@@ -145,12 +147,13 @@ def check_selector(ctx: NemesisContext, selector: str) -> None:
 def draw(ctx: NemesisContext, selector: str, topic: str | None = None) -> dict[str, Any]:
     """The selector's random draws (and nothing else): {"selector", and "node" or "topic"}.
 
-    `random` and a role draw one node of the layout (live or not); `owner` and `ledger-bookies`
-    draw one topic of ctx.topics unless `topic` is given; the others draw nothing."""
+    `random`, a role and `lb-follower` (a broker) draw one node of the layout (live or not); `owner`
+    and `ledger-bookies` draw one topic of ctx.topics unless `topic` is given; the others draw nothing."""
     check_selector(ctx, selector)
     plan: dict[str, Any] = {"selector": selector}
-    if selector == "random" or selector in ROLES:
-        pool = ctx.names(*(RANDOM_ROLES if selector == "random" else (selector,)))
+    if _draws_a_node(selector):
+        pool = ctx.names(*(RANDOM_ROLES if selector == "random" else
+                           ("broker",) if selector == LB_FOLLOWER else (selector,)))
         if not pool:
             what = "broker or bookie" if selector == "random" else selector
             raise _fail(selector, f"the cluster has no {what} nodes", ctx)
@@ -162,6 +165,10 @@ def draw(ctx: NemesisContext, selector: str, topic: str | None = None) -> dict[s
             topic = ctx.rng.choice(sorted(ctx.topics))
         plan["topic"] = normalize_topic(topic)
     return plan
+
+
+def _draws_a_node(selector: str) -> bool:
+    return selector == "random" or selector in ROLES or selector == LB_FOLLOWER
 
 
 _NODE_NAME = re.compile(r"^(zk|bookie|broker|client)-[1-9][0-9]*$")
@@ -207,7 +214,7 @@ def resolve(ctx: NemesisContext, selector: str, topic: str | None = None, *,
         if plan.get("topic"):
             found["topic"] = plan["topic"]
         return found
-    if plan is None or ((selector == "random" or selector in ROLES) and "node" not in plan) \
+    if plan is None or (_draws_a_node(selector) and "node" not in plan) \
             or (selector in TOPIC_SELECTORS and not plan.get("topic")):
         plan = draw(ctx, selector, topic or (plan or {}).get("topic") or None)
     probes = probes or PROBES
@@ -228,6 +235,8 @@ def resolve(ctx: NemesisContext, selector: str, topic: str | None = None, *,
         return _zk_leader(ctx, layout, probes)
     if selector == "lb-leader":
         return _lb_leader(ctx, layout, probes)
+    if selector == LB_FOLLOWER:
+        return _lb_follower(ctx, layout, probes, plan["node"])
     if selector in layout.by_name:
         return {"selector": selector, "nodes": [selector]}
     raise _fail(selector, "no such selector or node", ctx)
@@ -325,6 +334,19 @@ def _lb_leader(ctx: NemesisContext, layout: _Layout, probes: Probes) -> dict[str
         if host in by_host:
             return {"selector": "lb-leader", "nodes": [by_host[host]], "znode": path, "leader": doc}
     raise _fail("lb-leader", f"{path} names {text[:200]!r}, not a broker of this cluster", ctx)
+
+
+def _lb_follower(ctx: NemesisContext, layout: _Layout, probes: Probes, drawn: str) -> dict[str, Any]:
+    """A broker other than the load-balancer leader: the drawn one, or the next broker by name when the
+    draw is the leader. What apache/pulsar#478 needs: the leader outlives a broker it placed bundles on."""
+    leader = _lb_leader(ctx, layout, probes)
+    brokers = [n.name for n in layout.role("broker")]
+    if len(brokers) < 2:
+        raise _fail(LB_FOLLOWER, f"the cluster has {len(brokers)} broker(s): none besides the leader", ctx)
+    (lead,) = leader["nodes"]
+    node = brokers[(brokers.index(drawn) + 1) % len(brokers)] if drawn == lead else drawn
+    return {"selector": LB_FOLLOWER, "nodes": [node], "drawn": drawn, "lb_leader": lead,
+            "znode": leader["znode"]}
 
 
 def pick(nodes: list[str], u: float) -> str:

@@ -223,6 +223,33 @@ def test_lb_leader_from_the_znode(data, node, path):
     assert r["nodes"] == [node] and r["znode"] == path
 
 
+def test_lb_follower_is_the_draw_unless_it_leads():
+    """lb-follower draws a broker as `broker` does (the same randomness), and resolves to it unless it is
+    the load-balancer leader, then to the next broker by name; never to the leader."""
+    c = FakeCluster(brokers=3)
+    a, b = ctx_of(c, seed=5), ctx_of(c, seed=5)
+    assert targets.draw(a, "lb-follower")["node"] == targets.draw(b, "broker")["node"]
+    assert a.rng.getstate() == b.rng.getstate()
+    for lead, drawn, want in (("broker-2", "broker-1", "broker-1"), ("broker-2", "broker-2", "broker-3"),
+                              ("broker-3", "broker-3", "broker-1"), ("broker-1", "broker-3", "broker-3")):
+        host = c.node(lead).host
+        probes = FakeProbes(znodes={"/loadbalance/leader": json.dumps({"serviceUrl": f"http://{host}:8080"}).encode()})
+        r = targets.resolve(ctx_of(c), "lb-follower", plan={"selector": "lb-follower", "node": drawn}, probes=probes)
+        assert r["nodes"] == [want] and r["lb_leader"] == lead and r["drawn"] == drawn
+    # over many draws: every broker but the leader, never the leader
+    host = c.node("broker-2").host
+    probes = FakeProbes(znodes={"/loadbalance/extension/leader": f"{host}:8080".encode()})
+    ctx = ctx_of(c, seed=1)
+    got = {targets.resolve(ctx, "lb-follower", probes=probes)["nodes"][0] for _ in range(60)}
+    assert got == {"broker-1", "broker-3"}
+    with pytest.raises(NemesisError, match="no broker holds the load-balancer leadership"):
+        targets.resolve(ctx_of(c), "lb-follower", probes=FakeProbes())
+    one = FakeCluster(brokers=1)
+    probes = FakeProbes(znodes={"/loadbalance/leader": f"{one.node('broker-1').host}:8080".encode()})
+    with pytest.raises(NemesisError, match="none besides the leader"):
+        targets.resolve(ctx_of(one), "lb-follower", probes=probes)
+
+
 def test_lb_leader_missing_or_foreign():
     with pytest.raises(NemesisError, match=r"no broker holds the load-balancer leadership \(neither /loadbalance/leader "
                                            r"nor /loadbalance/extension/leader exists"):
@@ -359,6 +386,8 @@ def test_lb_leader_on_a_cluster(cluster):
         (leader,) = r["nodes"]
         node = cluster.node(leader)
         assert doc["brokerId"] == f"{node.host}:{node.ports['http']}" and r["leader"] == doc
+        # lb-follower: the other broker, whatever the draw
+        assert {targets.resolve(ctx, "lb-follower")["nodes"][0] for _ in range(6)} == {"broker-1", "broker-2"} - {leader}
         cluster.kill(leader)
         try:
             deadline = time.monotonic() + 30
