@@ -28,8 +28,9 @@ SCENARIOS: dict[str, list[str]] = {
     "broker.split_without_cas": [
         "--workload", "balance", "--nemesis", "split", "--nemesis-interval", "2", "--topics", "40", "--brokers", "3",
         "--time-limit", "40", "--lb-setting", "loadBalancerReportUpdateMinIntervalMillis=1000"],
+    # a broker the leader placed bundles on dies and the leader lives on (killing the leader resets them)
     "lb.keep_preallocations": [
-        "--workload", "balance", "--nemesis", "kill:broker", "--nemesis-interval", "12", "--topics", "40",
+        "--workload", "balance", "--nemesis", "kill:lb-follower", "--nemesis-interval", "12", "--topics", "40",
         "--brokers", "3", "--time-limit", "50", "--lb-setting", "loadBalancerReportUpdateMinIntervalMillis=1000"],
     # each unload's lock delete is carried out by ZooKeeper, its answer never reaches the owner
     "broker.reactivate_on_release_failure": [

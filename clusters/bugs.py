@@ -208,7 +208,7 @@ REGISTRY: Registry[Knob] = Registry("bug knob", {
                "nor when its broker dies, so it keeps assigning the bundle to a dead broker (apache/pulsar#478, "
                "#481)",
         component="load-balancer", issues=("apache/pulsar#478", "apache/pulsar#481"),
-        scenario=f"--workload balance --nemesis kill:broker --nemesis-interval 12 --time-limit 50 {_LB}"),
+        scenario=f"--workload balance --nemesis kill:lb-follower --nemesis-interval 12 --time-limit 50 {_LB}"),
     # the BookKeeper client's and the bookie's real bugs (B1, B2, B4, B12 of the reference notes)
     "bk.recovery_reads_no_fence": Knob(
         False, "ledger recovery's reads carry no fence flag, only its LAC reads fence (BookKeeper before "
