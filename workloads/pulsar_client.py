@@ -436,9 +436,47 @@ def create_subscription(admin_urls: list[str], topic: str, subscription: str) ->
             raise
 
 
-def ledger_list(admin_urls: list[str], topic: str) -> tuple[str, dict[str, Any]]:
+ZK_AUDIT_TIMEOUT = 10.0
+
+
+def ledger_metadata(zk_connect: str, ledger_ids: list[int], bookies: dict[str, str]) -> dict[int, dict[str, Any]]:
+    """Each ledger's metadata as the metadata store holds it at the end of the run (the BookKeeper
+    client's znode under /ledgers), what the log checker needs to place an entry on its bookies:
+    {ledger id: {"ensemble_size", "write_quorum", "ack_quorum", "state", "fragments": [[first entry,
+    [bookie node names]]]}} ({"error": ...} for a ledger without readable metadata). `bookies` maps a
+    bookie's "host:port" to its node name (an unknown address stays as it is)."""
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import NoNodeError
+
+    from clusters.bookkeeper.metadata import LedgerMetadata, ledger_path
+    zk = KazooClient(hosts=zk_connect, timeout=ZK_AUDIT_TIMEOUT, connection_retry={"max_tries": 3})
+    out: dict[int, dict[str, Any]] = {}
+    try:
+        zk.start(ZK_AUDIT_TIMEOUT)
+        for lid in ledger_ids:
+            try:
+                md = LedgerMetadata.deserialize(zk.get(ledger_path(lid))[0])
+            except NoNodeError:
+                out[lid] = {"error": "no metadata (deleted)"}
+                continue
+            except ValueError as e:
+                out[lid] = {"error": f"unreadable metadata: {e}"}
+                continue
+            out[lid] = {"ensemble_size": md.ensemble_size, "write_quorum": md.write_quorum,
+                        "ack_quorum": md.ack_quorum, "state": md.state,
+                        "fragments": [[k, [bookies.get(b, b) for b in md.ensembles[k]]] for k in md.keys()]}
+    finally:
+        zk.stop()
+        zk.close()
+    return out
+
+
+def ledger_list(admin_urls: list[str], topic: str, zk_connect: str = "",
+                bookies: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
     """The topic's ledgers from a broker's internalStats (forwarded to the owner): ok with
-    {"ledgers": [{"ledger_id", "entries"}], "last_confirmed": "L:E"}, or info if no broker answered."""
+    {"ledgers": [{"ledger_id", "entries"}], "last_confirmed": "L:E"}, or info if no broker answered.
+    With `zk_connect`, each ledger also gets its metadata (`ledger_metadata`: its fragments' bookies),
+    or the op a "metadata_error" when the metadata store did not answer."""
     try:
         st = admin_call(admin_urls, _topic_path(topic, "internalStats"))
     except RuntimeError as e:
@@ -451,7 +489,15 @@ def ledger_list(admin_urls: list[str], topic: str) -> tuple[str, dict[str, Any]]
         if entries is None:       # the open ledger: its entries are up to the last confirmed one
             entries = int(lc_entry) + 1 if lc_ledger == str(lid) and lc_entry.lstrip("-").isdigit() else 0
         ledgers.append({"ledger_id": lid, "entries": int(entries)})
-    return OK, {"value": {"ledgers": ledgers, "last_confirmed": lc}}
+    value: dict[str, Any] = {"ledgers": ledgers, "last_confirmed": lc}
+    if zk_connect and ledgers:
+        try:
+            mds = ledger_metadata(zk_connect, [x["ledger_id"] for x in ledgers], bookies or {})
+            for x in ledgers:
+                x["metadata"] = mds.get(x["ledger_id"])
+        except Exception as e:  # noqa: BLE001 - the listing stands without it
+            value["metadata_error"] = f"{type(e).__name__}: {e}"[:300]
+    return OK, {"value": value}
 
 
 # ------------------------------------------------------------------------------------ steps the workloads share
@@ -472,13 +518,16 @@ def session_for(ctx: Context, **kw: Any) -> Session:
 def final_reads(ctx: Context, session: Session, first_process: int = FINAL_PROCESS
                 ) -> list[tuple[str, Callable[[], None]]]:
     """One final read per topic from the earliest message, then the topic's ledger list (for the
-    fencing checker's ledger bounds); as (name, fn) pairs for base.start_threads."""
+    fencing checker's ledger bounds, and the log checker's placement of entries on bookies); as
+    (name, fn) pairs for base.start_threads."""
+    bookies = {f"{n['host']}:{(n.get('ports') or {}).get('bookie', 3181)}": n["name"]
+               for n in ctx.nodes("bookie") if n.get("host")}
     def one(i: int, topic: str) -> None:
         base.once(ctx, first_process + i, "read", topic, None,
                   lambda: read_topic(session, topic, ctx.spec.final_read_timeout))
         # another process id: the read's process is retired if the read ended info
         base.once(ctx, first_process + base.LEDGERS_OFFSET + i, "ledgers", topic, None,
-                  lambda: ledger_list(ctx.admin_urls(), topic))
+                  lambda: ledger_list(ctx.admin_urls(), topic, ctx.cluster.get("zk_connect", ""), bookies))
     return [(f"read-{i}", lambda i=i, t=t: one(i, t)) for i, t in enumerate(ctx.keys)]
 
 

@@ -270,3 +270,17 @@ def test_fault_state_tables(synthetic):
     kill = un[(un["workload"] == "log") & (un["state"] == "kill")]
     assert len(kill) == 1 and kill["longest_gap_s"].iloc[0] > 2.0
     assert list(res.tables["trends"]["day"]) == ["2026-11-01", "2026-11-02", "2026-11-03"]
+
+
+def test_losses_proven_from_a_disk_wipe_are_left_out_of_the_comparison():
+    """The log checker's losses proven from a wipe and the ledgers' metadata (its final read stalled) are
+    not what the Spark checks count (they read the final reads only): results.json's lost minus them."""
+    from spark_analysis.checks import python_counts
+    from spark_analysis.inputs import Run
+    res = {"checkers": {"log": {"valid": False, "anomalies": {"lost": [{}] * 3},
+                                "stats": {"anomaly_counts": {"lost": 7, "duplicate": 2}, "lost_wiped_count": 5}}}}
+    run = Run(run_id="r", path="/x", local=True, spec={}, results=res)
+    got = python_counts(run)["log"]
+    assert got["lost"] == 2 and got["duplicate"] == 2
+    res["checkers"]["log"]["stats"].pop("lost_wiped_count")           # a checker before the proof
+    assert python_counts(run)["log"]["lost"] == 7

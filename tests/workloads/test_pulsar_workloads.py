@@ -139,3 +139,39 @@ def test_the_balance_workloads_payload_pads_the_value_and_reads_back():
     for bad in (-1, 64 * 1024 * 1024):            # nothing to pad to; more than a broker takes in one message
         with pytest.raises(SpecError, match="payload must be a whole number of bytes from 0 to"):
             Spec(workload="balance", options={"payload": bad}).validate(catalog=CATALOG)
+
+
+@pytest.mark.integration
+def test_the_final_ledger_listing_carries_each_ledgers_metadata(zk_server, monkeypatch):
+    """ledger_list adds each ledger's metadata as the real ZooKeeper holds it (the BookKeeper client's
+    znode): its fragments' bookies by node name, E, Qw; a ledger whose znode is gone says so; a metadata
+    store that does not answer leaves the listing ok with `metadata_error`."""
+    from kazoo.client import KazooClient
+
+    from clusters.bookkeeper.metadata import LedgerMetadata, ledger_path
+    from tests.conftest import fresh_chroot
+    from workloads import pulsar_client as pc
+    conn = fresh_chroot(zk_server, "test-audit")
+    md = LedgerMetadata(ledger_id=7, ensemble_size=3, write_quorum=1, ack_quorum=1, state="CLOSED", last_entry_id=9,
+                        ensembles={0: ["10.0.0.1:3181", "10.0.0.2:3181", "10.0.0.3:3181"],
+                                   5: ["10.0.0.1:3181", "10.0.0.9:3181", "10.0.0.3:3181"]})
+    zk = KazooClient(hosts=conn)
+    zk.start(30)
+    try:
+        zk.create(ledger_path(7), md.serialize(), makepath=True)
+    finally:
+        zk.stop()
+        zk.close()
+    stats = {"lastConfirmedEntry": "8:-1", "ledgers": [{"ledgerId": 7, "entries": 10}, {"ledgerId": 8}]}
+    monkeypatch.setattr(pc, "admin_call", lambda urls, path: stats)
+    names = {"10.0.0.1:3181": "bookie-1", "10.0.0.2:3181": "bookie-2", "10.0.0.3:3181": "bookie-3"}
+    typ, out = pc.ledger_list(["http://x"], "persistent://public/default/t", conn, names)
+    assert typ == "ok"
+    l7, l8 = out["value"]["ledgers"]
+    assert l7["metadata"] == {"ensemble_size": 3, "write_quorum": 1, "ack_quorum": 1, "state": "CLOSED",
+                              "fragments": [[0, ["bookie-1", "bookie-2", "bookie-3"]],
+                                            [5, ["bookie-1", "10.0.0.9:3181", "bookie-3"]]]}
+    assert l8["metadata"] == {"error": "no metadata (deleted)"} and l8["entries"] == 0
+    monkeypatch.setattr(pc, "ZK_AUDIT_TIMEOUT", 1.0)
+    typ, out = pc.ledger_list(["http://x"], "persistent://public/default/t", "127.0.0.1:1", names)
+    assert typ == "ok" and "metadata" not in out["value"]["ledgers"][0] and out["value"]["metadata_error"]
