@@ -477,6 +477,8 @@ def run_spec(args: argparse.Namespace) -> Any:
         overrides["options"] = parse_options(args.option)
     if args.nemesis_schedule:
         overrides["nemesis_schedule"] = load_schedule(args.nemesis_schedule)
+        if args.nemesis is None:
+            overrides["nemesis"] = "none"      # the schedule's faults replace the random ones (nemesis/combine.py)
     if args.grudge:
         try:
             overrides["grudge"] = json.loads(args.grudge)

@@ -153,7 +153,7 @@ class Run:
     # -- the lifecycle
     def execute(self) -> int:
         spec = self.spec
-        nem = ",".join(spec.nemesis) or ("schedule" if spec.nemesis_schedule else "none")
+        nem = (f"schedule of {len(spec.nemesis_schedule)}" if spec.nemesis_schedule else ",".join(spec.nemesis)) or "none"
         self.progress.line(f"run {self.run_dir}: {spec.workload} workload, nemesis {nem}, "
                            f"{spec.time_limit:g}s, seed {spec.seed}")
         log.info("run %s: spec %s", self.run_dir, dataclasses.asdict(spec))

@@ -265,3 +265,15 @@ def test_broker_and_bookie_settings_tables_are_checked_in_that_order_by_the_cata
     assert problem(Spec(broker_settings={"a": 1}, bookie_settings={"b": 2}), _SettingsProbe({})) is None
     assert problem(Spec(broker_settings={"managedLedgerMaxEntriesPerLedger": "lots"}))[:1] == ("broker_settings",)
     assert problem(Spec(bookie_settings={"journalSyncData": "maybe"}))[:1] == ("bookie_settings",)
+
+
+def test_a_schedule_without_nemesis_names_runs_only_the_schedule(tmp_path):
+    """--nemesis-schedule replaces the random faults (the nemesis runs the schedule alone), so the spec and
+    test.toml must not carry the default names as if they ran; names given with it are kept."""
+    from harness import cli
+    sched = tmp_path / "s.toml"
+    sched.write_text('[[fault]]\nat = 5\nname = "kill:owner"\nhold = 3\n')
+    spec = cli.run_spec(cli.build_parser().parse_args(["run", "--nemesis-schedule", str(sched)]))
+    assert spec.nemesis == [] and [e["name"] for e in spec.nemesis_schedule] == ["kill:owner"]
+    spec = cli.run_spec(cli.build_parser().parse_args(["run", "--nemesis", "pause", "--nemesis-schedule", str(sched)]))
+    assert spec.nemesis == ["pause"]
