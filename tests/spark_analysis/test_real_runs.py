@@ -187,7 +187,9 @@ def test_exactly_once_resuming_from_the_subscription_misses_inputs(real_runs):
     assert c["anomalies"].get("missed"), c["anomalies"].keys()
     assert all(a["amount"] < 0 for a in c["anomalies"]["missed"])
     assert not c["anomalies"].get("double-counted") and not c["anomalies"].get("duplicate-without-restart")
-    assert c["stats"]["crashes"] >= 2
+    # three kills are planned in the 8 s; under a loaded machine the processors start late and only one
+    # may land (seen once under load 5-6): one is enough to show the resume missing inputs (asserted above)
+    assert c["stats"]["crashes"] >= 1
     assert _no_processor_left(run_dir)
 
 
