@@ -30,9 +30,12 @@ from spark_analysis.inputs import InputError, Run, Skipped, has_scheme  # noqa: 
 # cluster: one line, no traceback)
 EXIT_OK, EXIT_USER_ERROR, EXIT_SPARK_FAILED = EXIT_VALID, EXIT_USAGE, EXIT_CRASH
 # threads that submit Spark jobs side by side within one analysis (the fault timelines beside the
-# checks' planning, the per-run tables' writes, the campaign tables' collects): each query's small
+# checks' planning, the per-run tables' writes): each query's small
 # stages leave a core idle that the other's tasks then use, and its planning overlaps their tasks
 POOL_THREADS = 2
+# the fault timelines (whose first job builds the op table's cache) start as soon as the op table is
+# persisted, while this thread plans the checks; False: once the checks are planned
+TIMELINES_BESIDE_PLANNING = True
 MAX_SUMMARY_ROWS = 15          # configurations printed as they are; more are rolled up
 TABLES = ("runs", "skipped", "anomalies", "anomaly_counts", "by_config", "detection", "detection_matrix",
           "perf_by_state", "unavailability", "recovery", "trends")
@@ -264,22 +267,26 @@ def _described(spark: Any, phase: str, fn: Any, *args: Any) -> Any:
 
 
 def _checks_and_timelines(spark: Any, history: Any, deliveries: Any, runs: list[Run],
-                          pool: concurrent.futures.ThreadPoolExecutor) -> tuple[Any, Any]:
-    """checks.prepare's tables, and perf.compute (a future) started in another thread as soon as the op
-    table is persisted: its first jobs build the op table's cache while this thread plans the checks
-    (the driver's planning and the cache's tasks overlap instead of following one another)."""
+                          pool: concurrent.futures.ThreadPoolExecutor) -> tuple[Any, Any, Any]:
+    """checks.prepare's tables, the anomalies' plan, and perf.compute (a future) started in another
+    thread as soon as the op table is persisted: its first jobs build the op table's cache while this
+    thread plans the checks (the driver's planning and the cache's tasks overlap instead of following
+    one another); with TIMELINES_BESIDE_PLANNING off, once the checks are planned."""
     from spark_analysis import checks, perf
     started: list[Any] = []
 
     def start(ops: Any) -> None:
         started.append(pool.submit(_described, spark, "fault_timelines", perf.compute, spark, history, ops, runs))
-    t = checks.prepare(spark, history, deliveries, runs, on_ops=start)
-    return t, started[0]
+    t = checks.prepare(spark, history, deliveries, runs, on_ops=start if TIMELINES_BESIDE_PLANNING else None)
+    anomalies = checks.anomalies(t)
+    if not started:
+        start(t.ops)
+    return t, anomalies, started[0]
 
 
 def _run_jobs(spark: Any, runs: list[Run], skipped: list[Skipped], store_: Any, redo: bool, res: Result,
               out: Out, lap: Any, pool: concurrent.futures.ThreadPoolExecutor) -> Result:
-    from spark_analysis import campaign, campaign_page, checks, inputs, perf
+    from spark_analysis import campaign, campaign_page, inputs
     out_dir = res.out_dir
     cached: list[Any] = []
     spark.sparkContext.setJobDescription("analyze: checks")
@@ -291,8 +298,7 @@ def _run_jobs(spark: Any, runs: list[Run], skipped: list[Skipped], store_: Any, 
         if todo:
             history, deliveries = inputs.load_tables(spark, todo)
             res.history_files_read = len(history.inputFiles())
-            t, timelines = _checks_and_timelines(spark, history, deliveries, todo, pool)
-            fresh = checks.anomalies(t)
+            t, fresh, timelines = _checks_and_timelines(spark, history, deliveries, todo, pool)
             spark.sparkContext.setJobDescription("analyze: checks_and_timelines_stored")
             # the writes compute the anomalies and the fault-state tables of the new runs, side by side
             # (the anomalies' from the moment they are planned, beside the fault timelines' last jobs)
@@ -309,8 +315,7 @@ def _run_jobs(spark: Any, runs: list[Run], skipped: list[Skipped], store_: Any, 
     else:
         history, deliveries = inputs.load_tables(spark, runs)
         res.history_files_read = len(history.inputFiles())
-        t, timelines = _checks_and_timelines(spark, history, deliveries, runs, pool)
-        anomalies = checks.anomalies(t)
+        t, anomalies, timelines = _checks_and_timelines(spark, history, deliveries, runs, pool)
         anomalies.write.mode("overwrite").parquet(out.path("anomalies.parquet"))
         anomalies = spark.read.parquet(out.path("anomalies.parquet"))
         lap("checks", "fault_timelines")
@@ -322,11 +327,10 @@ def _run_jobs(spark: Any, runs: list[Run], skipped: list[Skipped], store_: Any, 
     p.gaps = p.gaps.persist()
     cached += [p.lat, p.gaps]
     c = campaign.build(spark, runs, skipped, anomalies, stats, p)
-    # the campaign tables are small: collected once (Arrow), then written from the driver; side by
-    # side (each is a few small jobs whose planning and tasks then overlap)
+    # the campaign tables are small: collected once (Arrow), then written from the driver (one after
+    # the other: two at a time took longer, 8-10 s against 5-6 s on a 1,000,000-op history)
     frames = c.tables()
-    small = dict(zip(frames, pool.map(lambda df: _described(spark, "campaign_tables", df.toPandas),
-                                      frames.values())))
+    small = {name: df.toPandas() for name, df in frames.items()}
     for name, pdf in small.items():
         _write_small(spark, out, name, pdf, frames[name].schema)
     lap("campaign_tables", "page")
