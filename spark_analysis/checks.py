@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -138,11 +138,7 @@ def _empty() -> Any:
     return F.xxhash64(F.lit(""))
 
 
-def prepare(spark: SparkSession, history: DataFrame, deliveries: DataFrame, runs: list[Run],
-            on_ops: Callable[[DataFrame], Any] | None = None) -> Tables:
-    """The op table (persisted), the messages (persisted) and the small per-run tables of these runs.
-    `on_ops(ops)` is called as soon as the op table is persisted, before the rest is planned: the
-    caller may start a job over it in another thread (its cache is then built while this thread plans)."""
+def prepare(spark: SparkSession, history: DataFrame, deliveries: DataFrame, runs: list[Run]) -> Tables:
     roles = F.broadcast(roles_table(spark, runs).withColumn("run_id", F.col("run_id").cast("int")))
     # the history is read once: the persisted op table below holds every op, the nemesis' too (they
     # have no role, so no check counts them; perf.compute takes its fault timelines from them), and
@@ -197,8 +193,6 @@ def prepare(spark: SparkSession, history: DataFrame, deliveries: DataFrame, runs
     for more in parts[1:]:
         ops = ops.unionByName(more)
     ops = ops.persist()
-    if on_ops is not None:
-        on_ops(ops)
     info_msgs = (ops.where(F.col("mj").isNotNull())
                  .select("run_id", "index", "f", "key", "log_role", "queue_role", "type",
                          F.posexplode(F.from_json("mj", T.ArrayType(T.StructType([

@@ -8,7 +8,6 @@ Writes Parquet tables and campaign.html under <out>/analysis/<YYYYmmddTHHMMSS>/ 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import os
 import sys
@@ -29,13 +28,6 @@ from spark_analysis.inputs import InputError, Run, Skipped, has_scheme  # noqa: 
 # the project's one exit-code scheme: 254 bad input, 255 Spark itself failed (out of memory, a lost
 # cluster: one line, no traceback)
 EXIT_OK, EXIT_USER_ERROR, EXIT_SPARK_FAILED = EXIT_VALID, EXIT_USAGE, EXIT_CRASH
-# threads that submit Spark jobs side by side within one analysis (the fault timelines beside the
-# checks' planning, the per-run tables' writes): each query's small
-# stages leave a core idle that the other's tasks then use, and its planning overlaps their tasks
-POOL_THREADS = 2
-# the fault timelines (whose first job builds the op table's cache) start as soon as the op table is
-# persisted, while this thread plans the checks; False: once the checks are planned
-TIMELINES_BESIDE_PLANNING = True
 MAX_SUMMARY_ROWS = 15          # configurations printed as they are; more are rolled up
 TABLES = ("runs", "skipped", "anomalies", "anomaly_counts", "by_config", "detection", "detection_matrix",
           "perf_by_state", "unavailability", "recovery", "trends")
@@ -256,38 +248,7 @@ def _run(spark: Any, runs: list[Run], skipped: list[Skipped], out_dir: str, stor
         _write_small(spark, out, "skipped", res.tables["skipped"], None)
         out.write_text("campaign.html", campaign_page.page(res, Path(out_dir) if out.local else None))
         return res
-    with concurrent.futures.ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix="analyze") as pool:
-        return _run_jobs(spark, runs, skipped, store_, redo, res, out, lap, pool)
-
-
-def _described(spark: Any, phase: str, fn: Any, *args: Any) -> Any:
-    """fn(*args), this thread's Spark jobs named for `phase` (a job description is per thread)."""
-    spark.sparkContext.setJobDescription(f"analyze: {phase}")
-    return fn(*args)
-
-
-def _checks_and_timelines(spark: Any, history: Any, deliveries: Any, runs: list[Run],
-                          pool: concurrent.futures.ThreadPoolExecutor) -> tuple[Any, Any, Any]:
-    """checks.prepare's tables, the anomalies' plan, and perf.compute (a future) started in another
-    thread as soon as the op table is persisted: its first jobs build the op table's cache while this
-    thread plans the checks (the driver's planning and the cache's tasks overlap instead of following
-    one another); with TIMELINES_BESIDE_PLANNING off, once the checks are planned."""
-    from spark_analysis import checks, perf
-    started: list[Any] = []
-
-    def start(ops: Any) -> None:
-        started.append(pool.submit(_described, spark, "fault_timelines", perf.compute, spark, history, ops, runs))
-    t = checks.prepare(spark, history, deliveries, runs, on_ops=start if TIMELINES_BESIDE_PLANNING else None)
-    anomalies = checks.anomalies(t)
-    if not started:
-        start(t.ops)
-    return t, anomalies, started[0]
-
-
-def _run_jobs(spark: Any, runs: list[Run], skipped: list[Skipped], store_: Any, redo: bool, res: Result,
-              out: Out, lap: Any, pool: concurrent.futures.ThreadPoolExecutor) -> Result:
-    from spark_analysis import campaign, campaign_page, inputs
-    out_dir = res.out_dir
+    from spark_analysis import campaign, checks, inputs, perf
     cached: list[Any] = []
     spark.sparkContext.setJobDescription("analyze: checks")
     if store_ is not None:
@@ -298,13 +259,13 @@ def _run_jobs(spark: Any, runs: list[Run], skipped: list[Skipped], store_: Any, 
         if todo:
             history, deliveries = inputs.load_tables(spark, todo)
             res.history_files_read = len(history.inputFiles())
-            t, fresh, timelines = _checks_and_timelines(spark, history, deliveries, todo, pool)
+            t = checks.prepare(spark, history, deliveries, todo)
+            fresh = checks.anomalies(t)
+            spark.sparkContext.setJobDescription("analyze: fault_timelines")
+            p = perf.compute(spark, history, t.ops, todo)
             spark.sparkContext.setJobDescription("analyze: checks_and_timelines_stored")
-            # the writes compute the anomalies and the fault-state tables of the new runs, side by side
-            # (the anomalies' from the moment they are planned, beside the fault timelines' last jobs)
-            store_.write(spark, todo, fresh, t.stats, timelines, pool=pool,
-                         phase="analyze: checks_and_timelines_stored")
-            p = timelines.result()
+            # the writes compute the anomalies and the fault-state tables of the new runs
+            store_.write(spark, todo, fresh, t.stats, p)
             cached += [t.ops, t.msgs, *t.cached]
             lap("checks_and_timelines_stored", "anomalies_of_every_run")
         back = store_.read(spark, runs)
@@ -315,11 +276,12 @@ def _run_jobs(spark: Any, runs: list[Run], skipped: list[Skipped], store_: Any, 
     else:
         history, deliveries = inputs.load_tables(spark, runs)
         res.history_files_read = len(history.inputFiles())
-        t, anomalies, timelines = _checks_and_timelines(spark, history, deliveries, runs, pool)
+        t = checks.prepare(spark, history, deliveries, runs)
+        anomalies = checks.anomalies(t)
         anomalies.write.mode("overwrite").parquet(out.path("anomalies.parquet"))
         anomalies = spark.read.parquet(out.path("anomalies.parquet"))
         lap("checks", "fault_timelines")
-        p = timelines.result()
+        p = perf.compute(spark, history, t.ops, runs)
         cached += [t.ops, t.msgs, *t.cached]
         stats = t.stats
         lap("fault_timelines", "campaign_tables")
@@ -327,12 +289,10 @@ def _run_jobs(spark: Any, runs: list[Run], skipped: list[Skipped], store_: Any, 
     p.gaps = p.gaps.persist()
     cached += [p.lat, p.gaps]
     c = campaign.build(spark, runs, skipped, anomalies, stats, p)
-    # the campaign tables are small: collected once (Arrow), then written from the driver (one after
-    # the other: two at a time took longer, 8-10 s against 5-6 s on a 1,000,000-op history)
-    frames = c.tables()
-    small = {name: df.toPandas() for name, df in frames.items()}
+    # the campaign tables are small: collected once (Arrow), then written from the driver
+    small = {name: df.toPandas() for name, df in c.tables().items()}
     for name, pdf in small.items():
-        _write_small(spark, out, name, pdf, frames[name].schema)
+        _write_small(spark, out, name, pdf, c.tables()[name].schema)
     lap("campaign_tables", "page")
     # the anomaly evidence shown on the page: the first few per (run, checker, type)
     from pyspark.sql import Window

@@ -100,46 +100,25 @@ class RunStore:
             (reuse if r.key in known else todo).append(r)
         return todo, reuse
 
-    def write(self, spark: Any, runs: list[Any], anomalies: Any, stats: Any, p: Any,
-              pool: Any = None, phase: str | None = None) -> None:
-        """The per-run tables of freshly analysed runs, each run's partition replaced, then the index.
-
-        `p` is perf.compute's PerfTables or a future of them. With a thread pool (concurrent.futures)
-        the tables are written side by side, each thread's jobs described as `phase`: the anomalies
-        (the longest) and the op counts start at once, while the fault timelines may still be computed,
-        then the fault-state tables; independent queries whose stages fill the cores that one
-        query's small stages leave idle."""
+    def write(self, spark: Any, runs: list[Any], anomalies: Any, stats: Any, p: Any) -> None:
+        """The per-run tables of freshly analysed runs, each run's partition replaced, then the index."""
         from pyspark.sql import functions as F
         keys = F.broadcast(spark.createDataFrame([(r.run_id, r.key) for r in runs], f"rid string, {KEY} string"))
         schemas = _schemas()
+        secs = [(rid, st, s) for rid, by in p.state_seconds.items() for st, s in by.items()]
+        frames = {
+            "anomalies": anomalies, "stats": stats,
+            "perf_lat": p.lat,
+            "gaps": p.gaps.select("run_id", "topic", "gap_s", "state"),
+            "recovery": p.recovery.select("run_id", "fault", "stop_ns", "recover_s"),
+            "state_seconds": spark.createDataFrame(secs, "run_id string, state string, seconds double"),
+        }
         self.root.mkdir(parents=True, exist_ok=True)
-
-        def write_one(name: str, df: Any) -> None:
-            if phase is not None:
-                spark.sparkContext.setJobDescription(phase)
+        for name, df in frames.items():
             cols = [F.col(f.name).cast(f.dataType) for f in schemas[name].fields if f.name != KEY]
             (df.join(keys, df["run_id"] == keys["rid"]).select(*cols, KEY)
              .write.mode("overwrite").option("partitionOverwriteMode", "dynamic").partitionBy(KEY)
              .parquet(str(self.root / name)))
-
-        pending: list[Any] = []
-
-        def start(name: str, df: Any) -> None:
-            if pool is None:
-                write_one(name, df)
-            else:
-                pending.append(pool.submit(write_one, name, df))
-        start("anomalies", anomalies)
-        start("stats", stats)
-        if hasattr(p, "result"):
-            p = p.result()
-        secs = [(rid, st, s) for rid, by in p.state_seconds.items() for st, s in by.items()]
-        start("perf_lat", p.lat)
-        start("gaps", p.gaps.select("run_id", "topic", "gap_s", "state"))
-        start("recovery", p.recovery.select("run_id", "fault", "stop_ns", "recover_s"))
-        start("state_seconds", spark.createDataFrame(secs, "run_id string, state string, seconds double"))
-        for f in pending:
-            f.result()
         index = self.index()
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         for r in runs:
