@@ -13,15 +13,8 @@ every acknowledged send (`lost` otherwise, Jepsen's lost-write); an acknowledged
 consumer received during the run is `unseen`.
 
 A topic whose final read did not end ok cannot show what it lost, so its verdict is at best
-"unknown" (a reader stalls at an entry no bookie can serve: a bookie formatted after a disk wipe
-answers ERROR for the ledgers it lost, BP-46's limbo). One loss is still proven: an acknowledged send
-whose entry's every copy was on a bookie wiped after the acknowledgement. The topic's `ledgers` op
-(after the final reads) carries each ledger's metadata as it stands at the end (its fragments'
-bookies, E and Qw), from which the entry's write set follows (BookKeeper's round robin: bookies
-(entry + i) mod E of its fragment's ensemble, i < Qw); the nemesis's `start-disk-wipe` ops say which
-bookie was wiped when. When every bookie of the write set was wiped after the send was acknowledged
-and the final metadata still names it there (auto-recovery replaces a bookie whose fragment it
-copied elsewhere), no copy of the entry is left anywhere: `lost`, with that proof as evidence.
+"unknown"; one loss is still proven: an acknowledged send whose entry's every copy was on a bookie
+wiped after the acknowledgement (checkers/wipes.py), reported as `lost` with that proof.
 
 Positions ignore the partition field (ledger ids are unique in a cluster) and treat batch_index -1
 (an entry that is not a batch) as 0: an entry holds either one plain message or a batch, never both,
@@ -72,26 +65,9 @@ from typing import Any
 from checkers.toolkit import (BATCH_LIMIT, ENTRY_LIMIT, Cases, Mid, OpRefs, anomalies_of, anomaly_stats,
                               gc_paused, jsonable, mid_json, mid_tuple, norm_value, op_names, partition_of,
                               percentile, position_key, redelivery_count, rounded, unpack_position, verdict)
+from checkers.wipes import Wipes
 from core.faults import FaultTimeline
 from core.history import FAIL, INFO, INVOKE, NEMESIS_PROCESS, OK, CheckResult, MessageId, Op
-
-WIPE_F = "start-disk-wipe"               # the nemesis's disk wipe (nemesis/lifecycle.py), value {"node", ...}
-LEDGERS_F = "ledgers"                    # a topic's ledger listing after its final read (workloads/pulsar_client)
-
-
-def _write_set(md: Any, entry: int) -> list[str] | None:
-    """The bookies holding `entry` by a ledger's metadata ({"ensemble_size", "write_quorum", "fragments":
-    [[first entry, [bookies]]]}): its fragment's ensemble at (entry + i) mod E, i < Qw; None if unknown."""
-    try:
-        frags = sorted((int(k), list(ens)) for k, ens in md["fragments"])
-        e_size, qw = int(md["ensemble_size"]), int(md["write_quorum"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    ens = next((ens for k, ens in reversed(frags) if k <= entry), None)
-    if ens is None or len(ens) != e_size or not 0 < qw <= e_size or entry < 0:
-        return None
-    return [ens[(entry + i) % e_size] for i in range(qw)]
-
 
 # Anomaly types that make the history invalid whatever the subscription type.
 INVALID_BY_DEFAULT = ("lost", "unexpected", "divergence", "nonmonotonic-send")
@@ -227,9 +203,7 @@ class _LogCheck(OpRefs):
         self.malformed: list[dict[str, Any]] = []
         self.malformed_n = 0
         self.faults = FaultTimeline()
-        self.wipe_invoked: int | None = None
-        self.wipes: dict[str, list[int]] = {}                # bookie node -> times its disk wipe began
-        self.ledger_ops: dict[str, Op] = {}                   # topic -> its last ok `ledgers` op
+        self.wipes = Wipes()                                  # disk wipes and final ledger listings
         self.t_min: int | None = None
         self.t_max = 0
 
@@ -254,8 +228,7 @@ class _LogCheck(OpRefs):
             if p < 0:                       # the nemesis; observers (-2) are not clients
                 if p == NEMESIS_PROCESS:
                     self.faults.feed(op.time_ns, op.type, op.f, op)
-                    if f == WIPE_F:
-                        self._wipe(op)
+                    self.wipes.nemesis(op)
                 continue
             if typ == INVOKE:
                 if p in open_:
@@ -282,20 +255,10 @@ class _LogCheck(OpRefs):
                     self._receive(inv, op)
             elif f in read_fs:
                 self._read_done(inv, op)
-            elif f == LEDGERS_F and typ == OK:
-                self.ledger_ops[op.key] = op
+            else:
+                self.wipes.ledgers(op)
         self.t_min = t_min if t_min is not None else 0
         self.t_max = t_max
-
-    def _wipe(self, op: Op) -> None:
-        """A disk wipe's invoke starts it; its ok names the bookie (a wipe that failed wiped nothing)."""
-        if op.type == INVOKE:
-            self.wipe_invoked = op.time_ns
-        elif op.type == OK and self.wipe_invoked is not None:
-            v = op.value if isinstance(op.value, dict) else {}
-            if isinstance(v.get("node"), str):
-                self.wipes.setdefault(v["node"], []).append(self.wipe_invoked)
-            self.wipe_invoked = None
 
     def _send_invoke(self, op: Op) -> list[Any] | None:
         """Record an attempt; its record, or None when an acknowledged send of the value is kept."""
@@ -954,34 +917,17 @@ class _LogCheck(OpRefs):
         return cases, by_topic
 
     def wiped_lost(self, topics: list[str]) -> dict[str, list[dict[str, Any]]]:
-        """topic -> `lost` evidence of its acknowledged sends whose entries' every copy was on bookies
-        wiped after the acknowledgement (see the module docstring), for topics without an ok final read."""
+        """topic -> `lost` evidence of its acknowledged sends proven lost by a disk wipe (checkers/wipes.py),
+        for topics without an ok final read."""
         out: dict[str, list[dict[str, Any]]] = {}
-        if not self.wipes:
-            return out
         for topic in topics:
-            lop = self.ledger_ops.get(topic)
-            lv = lop.value if lop is not None and isinstance(lop.value, dict) else {}
-            mds = {x.get("ledger_id"): x.get("metadata") for x in lv.get("ledgers") or [] if isinstance(x, dict)}
-            for v, rec in self.sends.get(topic, {}).items():
-                comp = rec[1]
-                if comp is None or comp.type != OK:
-                    continue
-                mid = mid_tuple(comp.message_id)
-                md = mds.get(mid[0]) if mid is not None else None
-                ws = _write_set(md, mid[1]) if md else None
-                if not ws:
-                    continue
-                wiped_at = {b: next((t for t in self.wipes.get(b, ()) if t > comp.time_ns), None) for b in ws}
-                if any(t is None for t in wiped_at.values()):
-                    continue
+            by_v = self.sends.get(topic, {})
+            acked = [(v, rec[1]) for v, rec in by_v.items() if rec[1] is not None and rec[1].type == OK]
+            for v, comp, proof in self.wipes.proofs(topic, acked):
+                rec = by_v[v]
                 out.setdefault(topic, []).append({
-                    "topic": topic, "value": jsonable(v), "message_id": mid_json(mid), "send": self._send_json(rec),
-                    "proof": {"ledger": mid[0], "entry": mid[1], "write_set": ws,
-                              "wiped": [{"node": b, "time_s": round(t / 1e9, 6)} for b, t in wiped_at.items()],
-                              "ledgers_op": self.ref(lop),
-                              "why": "every bookie of the entry's write set (the ledger's metadata at the end) "
-                                     "was wiped after the send was acknowledged: no copy is left"},
+                    "topic": topic, "value": jsonable(v), "message_id": mid_json(mid_tuple(comp.message_id)),
+                    "send": self._send_json(rec), "proof": {**proof, "ledgers_op": self.ref(proof["ledgers_op"])},
                     "missing_from_reads": [], "read_by": None,
                     "received_during_run": (self._obs_json(topic, v, self.recv_first[topic][v])
                                             if v in self.recv_first.get(topic, {}) else None)})
