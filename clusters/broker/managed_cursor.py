@@ -163,15 +163,28 @@ class ManagedCursor:
             return
         self.update(pos)
 
-    async def reset(self, pos: Position | None) -> None:
-        """Seek: the next entry read is `pos` (None = the first entry); written at once."""
+    async def reset(self, pos: Position | None, timeout: float = 10.0) -> None:
+        """Seek: the next entry read is `pos` (None = the first entry); written at once, and done
+        only once written, as Pulsar's internalResetCursor completes in the callback of its
+        mark-delete ("unable to persist readPosition for cursor reset" otherwise). Raises
+        ManagedLedgerError when the position is not durable within `timeout`, or cannot be: the
+        cursor is fenced (another broker took the topic over and serves the position it recovered,
+        so a seek answered here would be lost), closed or deleted. The position holds in memory
+        either way."""
         self.mark_delete_position = None if pos is None else Position(pos.ledger_id, pos.entry_id - 1)
         if pos is not None and self.ml.knobs.on("broker.cursor_persist_read_position"):
             self._persist_instead = pos      # the read position, not the mark-delete (apache/pulsar#18236)
         self._ranges = []
         self._ranges_suspended = True   # the subscription's ranges are stale until it updates us
+        if self._state != "open":
+            raise ManagedLedgerError(f"cursor {self.name}: unable to persist the reset to {pos}: "
+                                     f"the cursor is {self._state}")
         self._schedule(urgent=True)
-        await self.flush()
+        gen = self._gen
+        await self.flush(timeout)
+        if self._persisted_gen < gen:
+            why = f"the cursor is {self._state}" if self._state != "open" else f"not written within {timeout}s"
+            raise ManagedLedgerError(f"cursor {self.name}: unable to persist the reset to {pos}: {why}")
 
     def expire_to(self, pos: Position) -> None:
         """TTL: everything up to `pos` is expired (consumed)."""

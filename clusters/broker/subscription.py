@@ -454,9 +454,12 @@ class Subscription(DelayedDelivery):
             self.delayed.clear()
             self._delayed_heap.clear()
             self.dispatcher.cleared()
-            await self.cursor.reset(target)
-            self.mark_delete = self.cursor.mark_delete_position
-            self.read_position = target
+            try:
+                await self.cursor.reset(target)     # raises when the position is not durable
+            finally:
+                # in memory the reset holds either way (the seek's error says it may be lost)
+                self.mark_delete = self.cursor.mark_delete_position
+                self.read_position = target
         finally:
             self._paused -= 1
             self.epoch += 1

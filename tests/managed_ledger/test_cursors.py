@@ -10,6 +10,7 @@ import pytest
 
 from clusters.bookkeeper.errors import BKError, BKNoSuchLedgerError
 from clusters.bookkeeper.metadata import CLOSED
+from clusters.broker.ledger_meta import ManagedLedgerError
 from clusters.broker.managed_ledger import ManagedLedger, Position
 from tests.managed_ledger.conftest import broker_cfg, ml_name, run, session
 
@@ -245,4 +246,41 @@ def test_bug_knob_cursor_persist_read_position_skips_an_entry_after_a_crash(shar
                 assert got_reset == ps[2], got_reset                   # the reset's target skipped
             else:
                 assert got_latest == ps[5] and got_reset == ps[1]
+    run(scenario())
+
+
+def test_reset_fails_unless_its_position_is_persisted(shared_bookies, shared_zk):
+    """A seek is answered only once the reset position is durable (Pulsar's internalResetCursor
+    completes in the mark-delete's callback and fails with "unable to persist readPosition for
+    cursor reset"). Broker A still serves the topic after B took it over: A's reset cannot be
+    written (its cursor ledger is fenced, the znode CAS-ed by B), so it raises instead of reporting
+    a seek that B, the owner the consumer reconnects to, never sees; a second reset on the now
+    fenced cursor raises too. B's own reset succeeds and is what the next owner recovers. (A chaos
+    run lost a processor's seek this way: the consumer, already moved to B, had B's deliveries
+    cleared by A's late seek success and skipped a ledger's tail.)"""
+    name = ml_name()
+
+    async def scenario():
+        async with session(shared_zk, name="a") as (sa, bka), session(shared_zk, name="b") as (sb, bkb):
+            ml_a = await ManagedLedger.open(name, sa, bka, broker_cfg(name="broker-a"))
+            ps = [await ml_a.add_entry(d(i)) for i in range(10)]
+            cur = await ml_a.open_cursor("sub", "earliest")
+            cur.update(ps[8])
+            await cur.flush()
+            ml_b = await ManagedLedger.open(name, sb, bkb, broker_cfg(name="broker-b"))
+            assert ml_b.cursors["sub"].mark_delete_position == ps[8]
+            assert not ml_a.fenced                  # A has not noticed yet: its next write will
+            with pytest.raises(ManagedLedgerError, match="reset"):
+                await cur.reset(ps[3])
+            assert ml_a.fenced
+            with pytest.raises(ManagedLedgerError, match="reset"):
+                await cur.reset(ps[2])              # on a cursor known to be fenced
+            # the owner's position is untouched, in memory and in what a next owner recovers
+            assert ml_b.cursors["sub"].mark_delete_position == ps[8]
+            await ml_b.cursors["sub"].reset(ps[4])
+            assert ml_b.cursors["sub"].persisted_mark_delete == ps[3]
+            await ml_b.close()
+            ml_c = await ManagedLedger.open(name, sa, bka, broker_cfg(name="broker-c"))
+            assert ml_c.cursors["sub"].mark_delete_position == ps[3]
+            await ml_c.close()
     run(scenario())
