@@ -8,6 +8,7 @@ non-persistent topic through our client."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 
 import pulsar
@@ -65,6 +66,18 @@ def test_keyed_writes_read_back_in_order_and_the_reader_follows_an_unload(cluste
     rd.close()
 
 
+def _subscribe_retrying(client, topic: str, name: str):
+    """The official client's subscribe, tried a second time when the first ends in its operation timeout
+    (30 s): once in a CI run (1 of ~1800 tests; not reproduced in 65 runs of this test, 40 of them beside
+    the whole conformance suite under load) the official client's first subscribe right after an unload
+    timed out while our reader and producer had already reconnected. A second timeout fails the test."""
+    try:
+        return client.subscribe(topic, name)
+    except pulsar.Timeout:
+        logging.getLogger(__name__).warning("the official subscribe to %s timed out; once more", topic)
+        return client.subscribe(topic, name)
+
+
 def test_a_non_persistent_topic_through_our_client(cluster, admin, client):
     """Our reader gets what is published while it is connected (ids (0, 0)); after an unload it
     resubscribes at the new owner and gets the later messages only (nothing was kept)."""
@@ -81,7 +94,7 @@ def test_a_non_persistent_topic_through_our_client(cluster, admin, client):
             assert [g[2] for g in first] == [b"a%d" % i for i in range(10)] and first[0][1] == "k"
             unload_bundle_of(admin, t)
             loop = asyncio.get_running_loop()
-            official = await loop.run_in_executor(None, lambda: client.subscribe(t, "official"))
+            official = await loop.run_in_executor(None, lambda: _subscribe_retrying(client, t, "official"))
             # both readers are back once a message sent now reaches them
             for attempt in range(50):
                 await p.send(b"probe%d" % attempt)
