@@ -264,7 +264,7 @@ REGISTRY: Registry[Knob] = Registry("bug knob", {
                "stored again although deduplication is on",
         component="broker", issues=("apache/pulsar#25954", "apache/pulsar#25953"),
         scenario="--workload queue --option dedup=true --nemesis kill:owner --nemesis-interval 5 "
-                 "--time-limit 45 --topics 1"),
+                 "--time-limit 45 --topics 1 --rate 2000"),
     "broker.cursor_persist_read_position": Knob(
         False, "a cursor created at the latest position or reset to a position persists its read position "
                "(the next entry to deliver) as its mark-delete position (apache/pulsar#18236, fixed by "
