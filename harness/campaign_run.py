@@ -172,10 +172,6 @@ class CampaignRun:
                 out.append(d)
         return out
 
-    def _complete_run(self, e: Entry) -> Path | None:
-        """The entry's newest finished run folder whose settings are the entry's now, if any."""
-        return self._check(e)[0]
-
     def _check(self, e: Entry) -> tuple[Path | None, list[tuple[Path, list[str]]], list[tuple[Path, str]]]:
         """(the finished run to reuse or None, the finished runs made with other settings and how they differ,
         the finished runs whose test.toml cannot be read back and why)."""
@@ -193,6 +189,8 @@ class CampaignRun:
                 path = d / store.TEST_TOML
                 unreadable.append((d, err.problem if err.field == "--spec" else f"{path}: {err.field}: {err.problem}"))
                 continue
+            if not want["seed"]:            # seed 0: each run draws one (recorded in its test.toml)
+                have["seed"] = 0
             diff = differences(have, want)
             if not diff:
                 return d, differ, unreadable

@@ -114,6 +114,20 @@ def test_an_unchanged_resume_of_a_shard_reruns_nothing_and_keeps_its_shard(tmp_p
     assert json.loads((c.dir / "campaign.json").read_text())["shard"] == "1/2"
 
 
+def test_a_run_that_drew_its_seed_is_reused(tmp_path):
+    # seed = 0 lets each run draw one (its test.toml records it): any drawn seed is the entry's setting
+    text = CAMPAIGN.replace("seeds = 2", "seeds = 1") + '[[run]]\ntest_name = "drawn"\nseed = 0\n'
+    f, c = started(tmp_path, text)
+    done = finish(c)
+    assert "ledger-s0" in done
+    kept, todo, lines = CampaignRun(Options(file=str(f), resume=str(c.dir))).plan()
+    assert (len(kept), todo, lines) == (3, [], [])
+    f.write_text(text.replace("rate = 100", "rate = 300"))
+    kept, todo, lines = CampaignRun(Options(file=str(f), resume=str(c.dir))).plan()
+    assert (len(kept), len(todo)) == (0, 3) and lines == [
+        f"3 finished runs were made with other settings than {f} gives now (rate 100 -> 300): they run again"]
+
+
 def test_an_unreadable_test_toml_runs_again_and_says_so(tmp_path):
     f, c = started(tmp_path)
     done = finish(c)
