@@ -7,7 +7,9 @@ overlap), each as its own `pulsar-chaos run` process under a wall-clock limit, i
       specs/<test>.toml     each run's spec        junit.xml  summary.txt  analysis/ (pulsar-chaos analyze)
 
 It goes on past invalid, unknown and crashed runs; `--resume DIR` runs only the entries without a complete
-run folder in DIR (one with a results.json that was not interrupted). Exit 0 when every run met its
+run folder in DIR (one with a results.json that was not interrupted, whose test.toml has the settings the
+entry gives now: a run made before the campaign file changed that entry runs again), with the selection
+(--only, --shard, --seeds) campaign.json recorded. Exit 0 when every run met its
 expectation, 1 when one did not, 2 when none failed but some ended unknown, crashed or were not run.
 """
 from __future__ import annotations
@@ -19,10 +21,11 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from core import spec as spec_mod
 from core import store
 from core.expectation import met
 from harness import junit
@@ -33,6 +36,11 @@ CAMPAIGN_TOML = "campaign.toml"
 SUMMARY_TXT = "summary.txt"
 JUNIT_XML = "junit.xml"
 TERM_GRACE_S = 180.0          # after SIGTERM at the time limit, how long a run may take to clean up
+# TestSpec fields that are a run's bookkeeping, not its settings: a finished run is reused by a resume when
+# every other field of its test.toml equals the entry's spec (test_name and results_dir name the folder,
+# expected_reason is text for people, replay_of is only set by `run --replay` and shrink)
+BOOKKEEPING_FIELDS = ("test_name", "results_dir", "expected_reason", "replay_of")
+SELECTION = (("only", "--only"), ("shard", "--shard"), ("seeds", "--seeds"))
 
 
 def stop_run(proc: subprocess.Popen, grace_s: float = TERM_GRACE_S) -> bool:
@@ -96,8 +104,8 @@ class CampaignRun:
             if not isinstance(state, dict) or "entries" not in state:
                 raise CampaignError("--resume", f"{self.dir} is not a campaign folder (no readable {CAMPAIGN_JSON})",
                                     "give the folder a campaign printed, results/campaigns/<name>/<time>")
-            seeds = opts.seeds if opts.seeds is not None else state.get("seeds")
-            self.campaign = load(opts.file, seeds=seeds, seed_base=state.get("seed_base"))
+            self._selection_from(state)
+            self.campaign = load(opts.file, seeds=opts.seeds, seed_base=state.get("seed_base"))
             self.stamp = state.get("started", _now_stamp())
         else:
             self.campaign = load(opts.file, seeds=opts.seeds)
@@ -111,6 +119,20 @@ class CampaignRun:
                                 "match an axis value, e.g. --only queue or --only 'broker.*'")
         self.records: dict[str, dict[str, Any]] = {}
         self.measured: list[float] = []
+        self._state = _read_json(self.dir / CAMPAIGN_JSON) if opts.resume else None
+
+    def _selection_from(self, state: dict[str, Any]) -> None:
+        """On --resume: --only, --shard and --seeds not given default to what campaign.json recorded; one given
+        with another value than the record is a CampaignError (it would mix two selections in one folder)."""
+        for name, flag in SELECTION:
+            given, recorded = getattr(self.opts, name), state.get(name)
+            if given is None:
+                setattr(self.opts, name, recorded)
+            elif name in state and _norm(name, given) != _norm(name, recorded):
+                was = f"{flag} {recorded}" if recorded is not None else f"no {flag}"
+                raise CampaignError(flag, f"{self.opts.resume} was started with {was}, not {flag} {given}",
+                                    f"leave {flag} out to resume with the folder's own selection, or start a new "
+                                    f"campaign (without --resume) for {flag} {given}")
 
     # -------------------------------------------------------------------- state
     def _prepare_dir(self) -> None:
@@ -135,20 +157,79 @@ class CampaignRun:
         return {"name": e.label, "key": e.key, "workload": e.fields.get("workload", "log"), "axes": e.axes,
                 "expected": exp.expected, "expected_reason": exp.reason, "outcome": "pending"}
 
-    def _complete_run(self, e: Entry) -> Path | None:
-        """The entry's newest run folder that finished (results.json, not interrupted), if any."""
+    def _finished_runs(self, e: Entry) -> list[Path]:
+        """The entry's run folders that finished (results.json, not interrupted; or stopped at the run limit,
+        as campaign.json recorded), newest first."""
         base = self.dir / "runs" / e.label
         if not base.is_dir():
-            return None
+            return []
+        out = []
+        timeouts = {r.get("run_dir") for r in (self._state or {}).get("entries", [])
+                    if isinstance(r, dict) and r.get("outcome") == "timeout"}
         for d in sorted((p for p in base.iterdir() if p.is_dir()), reverse=True):
             res = _read_json(d / store.RESULTS_JSON)
-            if isinstance(res, dict) and not (res.get("run") or {}).get("interrupted"):
-                return d
-            old = next((r for r in (_read_json(self.dir / CAMPAIGN_JSON) or {}).get("entries", [])
-                        if r.get("run_dir") == str(d) and r.get("outcome") == "timeout"), None)
-            if old is not None:
-                return d
-        return None
+            if isinstance(res, dict) and not (res.get("run") or {}).get("interrupted") or str(d) in timeouts:
+                out.append(d)
+        return out
+
+    def _check(self, e: Entry) -> tuple[Path | None, list[tuple[Path, list[str]]], list[tuple[Path, str]]]:
+        """(the finished run to reuse or None, the finished runs made with other settings and how they differ,
+        the finished runs whose test.toml cannot be read back and why)."""
+        differ: list[tuple[Path, list[str]]] = []
+        unreadable: list[tuple[Path, str]] = []
+        finished = self._finished_runs(e)
+        if not finished:
+            return None, differ, unreadable
+        want = settings(e.spec(e.label, str(self.dir / "runs")).with_expectation(_catalog()))
+        for d in finished:
+            try:
+                have = settings(spec_mod.from_mapping(spec_mod.load(d / store.TEST_TOML), str(d / store.TEST_TOML),
+                                                      catalog=_catalog()))
+            except spec_mod.SpecError as err:
+                path = d / store.TEST_TOML
+                unreadable.append((d, err.problem if err.field == "--spec" else f"{path}: {err.field}: {err.problem}"))
+                continue
+            if not want["seed"]:            # seed 0: each run draws one (recorded in its test.toml)
+                have["seed"] = 0
+            diff = differences(have, want)
+            if not diff:
+                return d, differ, unreadable
+            differ.append((d, diff))
+        return None, differ, unreadable
+
+    def plan(self) -> tuple[dict[str, Path], list[Entry], list[str]]:
+        """What a resume does, reading only: ({entry key: finished run reused}, the entries to run, the lines
+        saying which finished runs are set aside and why). A new campaign reuses nothing."""
+        kept: dict[str, Path] = {}
+        todo: list[Entry] = []
+        differ: dict[str, list[str]] = {}            # a difference -> labels of the runs it sets aside
+        unreadable: list[tuple[Path, str]] = []
+        n_differ = 0
+        for e in self.entries:
+            done, dif, bad = self._check(e) if self.opts.resume else (None, [], [])
+            if done is not None:
+                kept[e.key] = done
+                continue
+            todo.append(e)
+            if dif:
+                n_differ += 1
+                for change in dif[0][1]:           # the newest finished run's differences
+                    differ.setdefault(change, []).append(e.label)
+            if bad and not dif:
+                unreadable.append(bad[0])
+        lines = []
+        if n_differ:
+            changes = sorted(differ, key=lambda c: -len(differ[c]))
+            shown = "; ".join(changes[:4]) + (f"; and {len(changes) - 4} more" if len(changes) > 4 else "")
+            lines.append(f"{_runs(n_differ)} made with other settings than {self.opts.file} gives now "
+                         f"({shown}): {'they run' if n_differ > 1 else 'it runs'} again")
+        if unreadable:
+            n = len(unreadable)
+            more = f"; and {n - 1} more" if n > 1 else ""
+            lines.append(f"{n} finished run{' has' if n == 1 else 's have'} a test.toml that cannot be read back "
+                         f"({unreadable[0][1]}{more}): {'it runs' if n == 1 else 'they run'} again, as "
+                         f"{'its' if n == 1 else 'their'} settings cannot be compared with the campaign file's")
+        return kept, todo, lines
 
     def _record(self, e: Entry, run_dir: Path | None, seconds: float, code: int | None, why: str = "",
                 outcome: str | None = None) -> dict[str, Any]:
@@ -238,18 +319,18 @@ class CampaignRun:
     def execute(self) -> int:
         from harness import runner
         self._prepare_dir()
-        todo: list[Entry] = []
+        kept_runs, todo, set_aside = self.plan()
         for e in self.entries:
-            done = self._complete_run(e) if self.opts.resume else None
+            done = kept_runs.get(e.key)
             if done is not None:
                 self.records[e.key] = self._record(e, done, 0.0, None)
-                prev = next((r for r in (_read_json(self.dir / CAMPAIGN_JSON) or {}).get("entries", [])
+                prev = next((r for r in (self._state or {}).get("entries", [])
                              if r.get("run_dir") == str(done)), None)
                 if prev:       # what the first attempt measured (a timeout stays a timeout)
                     self.records[e.key].update({k: prev[k] for k in ("seconds", "exit_code", "outcome", "why")
                                                 if k in prev and prev[k] is not None})
-            else:
-                todo.append(e)
+        for line in set_aside:
+            self._line(line)
         self._save()
         total = len(self.entries)
         kept = total - len(todo)
@@ -286,9 +367,15 @@ class CampaignRun:
         records = [self.records.get(e.key) or self._pending(e) for e in self.entries]
         code = self._finish(records, analyze=interrupted is None)
         if interrupted is not None:
-            self._line(f"interrupted: resume with `pulsar-chaos campaign {self.opts.file} --resume {self.dir}`")
+            self._line(f"interrupted: resume with `pulsar-chaos campaign {self.opts.file} --resume {self.dir}`"
+                       + self._keeps())
             raise interrupted
         return code
+
+    def _keeps(self) -> str:
+        """The selection a resume takes from campaign.json, said in the hint (no flag needs repeating)."""
+        flags = [f"{flag} {getattr(self.opts, name)}" for name, flag in SELECTION if getattr(self.opts, name) is not None]
+        return f" (it keeps {' '.join(flags)})" if flags else ""
 
     @staticmethod
     def _word(rec: dict[str, Any]) -> str:
@@ -357,6 +444,52 @@ class CampaignRun:
             self._line(f"warning: the analysis failed (exit {p.returncode}); see {self.dir / 'logs' / 'analyze.log'}")
             return None
         return str(pages[-1])
+
+
+def settings(spec: spec_mod.TestSpec) -> dict[str, Any]:
+    """A spec's settings: every field but the bookkeeping ones."""
+    return {k: v for k, v in asdict(spec).items() if k not in BOOKKEEPING_FIELDS}
+
+
+def differences(have: dict[str, Any], want: dict[str, Any]) -> list[str]:
+    """How a finished run's settings differ from the entry's now, as `field old -> new` (a table's keys one
+    by one: `options.rate_limit 1 -> 2`); [] when equal."""
+    out = []
+    for k in want:
+        a, b = have.get(k), want[k]
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += [f"{k}.{x} {_show(a.get(x))} -> {_show(b.get(x))}" for x in sorted(set(a) | set(b), key=str)
+                    if a.get(x) != b.get(x)]
+        else:
+            out.append(f"{k} {_show(a)} -> {_show(b)}")
+    return out
+
+
+def _show(v: Any) -> str:
+    if v is None:
+        return "(unset)"
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return json.dumps(v) if not isinstance(v, str) else (v or '""')
+
+
+def _runs(n: int) -> str:
+    return f"{n} finished run{' was' if n == 1 else 's were'}"
+
+
+def _norm(name: str, v: Any) -> Any:
+    if v is None:
+        return None
+    if name == "shard":
+        try:
+            return parse_shard(str(v))
+        except CampaignError:
+            return v
+    if name == "only":
+        return sorted({p.strip() for p in str(v).split(",") if p.strip()})
+    return v
 
 
 def _catalog():

@@ -577,7 +577,8 @@ def _campaign_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results-dir", default="results", metavar="DIR",
                    help="the campaign folder goes to DIR/campaigns/<name>/<time>/ (default results)")
     p.add_argument("--resume", default=None, metavar="DIR",
-                   help="go on with an interrupted campaign folder: only runs without a complete run folder")
+                   help="go on with an interrupted campaign folder: only runs without a complete run folder made "
+                        "with the settings the file gives now; --only, --shard and --seeds as the folder recorded")
     p.add_argument("--junit", default=None, metavar="FILE", help="also write the JUnit XML here")
     p.add_argument("--max-hours", type=float, default=None, metavar="H",
                    help="start no run that would end after H hours (the rest are reported as not run)")

@@ -1,0 +1,19 @@
+"""A plugin (PULSAR_CHAOS_PLUGINS) under which every `pulsar-chaos run` interrupts the campaign that started it
+(SIGINT to its parent, as Ctrl-C would) right after making its run folder, deploying nothing: the campaign
+stops the run, saves its folder and prints how to resume it."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from harness import runner
+
+
+def _interrupt(self) -> int:
+    os.kill(os.getppid(), signal.SIGINT)
+    time.sleep(30)                     # the campaign stops this run (SIGTERM) before it ends
+    return 2
+
+
+runner.Run.execute = _interrupt  # type: ignore[method-assign]
