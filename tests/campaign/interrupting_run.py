@@ -1,6 +1,8 @@
 """A plugin (PULSAR_CHAOS_PLUGINS) under which every `pulsar-chaos run` interrupts the campaign that started it
-(SIGINT to its parent, as Ctrl-C would) right after making its run folder, deploying nothing: the campaign
-stops the run, saves its folder and prints how to resume it."""
+(SIGTERM to its parent, as `kill` or a CI job's timeout would) right after making its run folder, deploying
+nothing: the campaign stops the run, saves its folder and prints how to resume it. Not SIGINT: a campaign
+started in the background by a non-interactive shell (as `make test` under CI may be) inherits SIGINT
+ignored, and Python then keeps ignoring it."""
 from __future__ import annotations
 
 import os
@@ -11,7 +13,7 @@ from harness import runner
 
 
 def _interrupt(self) -> int:
-    os.kill(os.getppid(), signal.SIGINT)
+    os.kill(os.getppid(), signal.SIGTERM)
     time.sleep(30)                     # the campaign stops this run (SIGTERM) before it ends
     return 2
 

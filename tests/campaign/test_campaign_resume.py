@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -183,7 +184,7 @@ def test_the_interrupted_hint_resumes_the_same_shard(tmp_path):
     f = tmp_path / "rs.toml"
     f.write_text(CAMPAIGN)
     p = cli(str(f), "--shard", "1/2", "--results-dir", str(tmp_path / "results"), plugin="interrupting_run")
-    assert p.returncode == 130, p.stdout + p.stderr
+    assert p.returncode == 128 + signal.SIGTERM, p.stdout + p.stderr
     (folder,) = (tmp_path / "results" / "campaigns" / "rs").iterdir()
     hint = p.stdout.splitlines()[-1]
     assert hint == (f"interrupted: resume with `pulsar-chaos campaign {f} --resume {folder}` "
