@@ -35,6 +35,12 @@ LB_SETTINGS = {
     "loadBalancerSplitIntervalMinutes": 60,                           # no automatic split here
     "loadBalancerServiceUnitStateMonitorIntervalInSeconds": 1,        # Pulsar: 60
     "loadBalancerInFlightServiceUnitStateWaitingTimeInMillis": 10000,  # Pulsar: 30000
+    # Pulsar: 10. Placement random among all brokers: on a loaded test machine one broker's reported
+    # weightedMaxEMA can sit 10 points below the mean, and LeastResourceUsageWithWeight then sends every
+    # bundle a test creates to it (as Pulsar would: a clean-clone make test once saw all 12 topics of
+    # 8 bundles on one broker); these tests need bundles on several brokers, and the strategy's choice
+    # is tested on its own (tests/loadbalancer/test_ext_load.py, test_placement.py).
+    "loadBalancerAverageResourceUsageDifferenceThresholdPercentage": 100,
 }
 
 
